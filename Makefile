@@ -1,0 +1,34 @@
+# The README's commands. Everything installs into .venv at the repository root.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.aiter-installed
+
+.PHONY: aot test lint format venv clean-venv
+
+$(STAMP): setup.py pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install "setuptools>=64" wheel
+	# The CPU build of torch first, by exact version; nothing below may replace it.
+	$(PY) -m pip install "torch==2.13.0"
+	$(PY) -m pip install --no-build-isolation -e ".[dev]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+aot: $(STAMP)
+	$(PY) -m aiter.aot.flydsl.gemm
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m black --check .
+
+format: $(STAMP)
+	$(PY) -m ruff check --fix .
+	$(PY) -m black .
+
+clean-venv:
+	rm -rf $(VENV)

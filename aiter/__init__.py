@@ -1,0 +1,12 @@
+"""aiter: FlyDSL GPU operators for AMD Instinct GPUs, with a CPU-only AOT kernel-cache builder."""
+
+__version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    # Operators import torch and FlyDSL; load them on first use so `import aiter` stays light.
+    if name == "gemm_a16w16":
+        from aiter.ops.gemm import gemm_a16w16
+
+        return gemm_a16w16
+    raise AttributeError(f"module 'aiter' has no attribute {name!r}")

@@ -1,0 +1,127 @@
+"""The GPU archs aiter builds for, their devices and traits, and GPU_ARCHS parsing.
+
+Everything arch-specific that host code needs (MMA kind, wave size, fp8 flavour) is answered here.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import torch
+
+
+@dataclass(frozen=True)
+class ArchInfo:
+    name: str
+    family: str
+    devices: Mapping[str, int]  # device name -> CU count
+    default_cu_num: int
+    fp8_dtype_name: str  # torch dtype attribute name
+    mma: str  # "mfma" (matrix cores, wave64) or "wmma" (wave32)
+    wave_size: int
+
+    @property
+    def fp8_dtype(self) -> torch.dtype:
+        return getattr(torch, self.fp8_dtype_name)
+
+    @property
+    def cu_nums(self) -> tuple[int, ...]:
+        return tuple(sorted(set(self.devices.values())))
+
+
+ARCHS: Mapping[str, ArchInfo] = MappingProxyType(
+    {
+        "gfx942": ArchInfo(
+            name="gfx942",
+            family="CDNA3",
+            devices=MappingProxyType({"MI300X": 304, "MI325X": 304, "MI300A": 228, "MI308X": 80}),
+            default_cu_num=304,
+            fp8_dtype_name="float8_e4m3fnuz",
+            mma="mfma",
+            wave_size=64,
+        ),
+        "gfx950": ArchInfo(
+            name="gfx950",
+            family="CDNA4",
+            devices=MappingProxyType({"MI350X": 256, "MI355X": 256}),
+            default_cu_num=256,
+            fp8_dtype_name="float8_e4m3fn",
+            mma="mfma",
+            wave_size=64,
+        ),
+        # No gfx1250 part was measurable here; 256 CUs is an assumption that GPU_ARCHS
+        # (gfx1250:<cu_num>) or a tuned table row overrides.
+        "gfx1250": ArchInfo(
+            name="gfx1250",
+            family="CDNA5",
+            devices=MappingProxyType({"gfx1250": 256}),
+            default_cu_num=256,
+            fp8_dtype_name="float8_e4m3fn",
+            mma="wmma",
+            wave_size=32,
+        ),
+    }
+)
+
+
+def get_arch(name: str) -> ArchInfo:
+    """The registry entry for `name` (a feature suffix such as ':sramecc+' is ignored)."""
+    base = name.strip().lower().split(":", 1)[0]
+    try:
+        return ARCHS[base]
+    except KeyError:
+        raise ValueError(f"unknown GPU arch {name!r}: expected one of {', '.join(ARCHS)}") from None
+
+
+@dataclass(frozen=True)
+class ArchTarget:
+    """One arch to build for; cu_num None means every CU count the tables hold."""
+
+    arch: str
+    cu_num: int | None = None
+
+    def __str__(self) -> str:
+        return self.arch if self.cu_num is None else f"{self.arch}:{self.cu_num}"
+
+
+_ENTRY = re.compile(r"^(?P<arch>[A-Za-z0-9_]+)(?::(?P<cu>[^:]*))?$")
+
+
+def parse_gpu_archs(text: str, native: Callable[[], ArchTarget] | None = None) -> list[ArchTarget]:
+    """Parse GPU_ARCHS: 'gfx942;gfx950', an optional ':cu_num' per arch, or 'native'.
+
+    `native` resolves the current machine's GPU; it is called only when the text asks for it.
+    Entries may be separated by ';' or ','. Duplicates are dropped, order is kept.
+    """
+    targets: list[ArchTarget] = []
+    entries = [e.strip() for e in re.split(r"[;,]", text) if e.strip()]
+    if not entries:
+        raise ValueError(f"GPU_ARCHS={text!r} names no arch: expected e.g. 'gfx942;gfx950'")
+    for entry in entries:
+        if entry.lower() == "native":
+            if native is None:
+                raise ValueError("GPU_ARCHS=native needs a visible GPU to resolve")
+            target = native()
+        else:
+            match = _ENTRY.match(entry)
+            if not match:
+                raise ValueError(
+                    f"GPU_ARCHS entry {entry!r} is malformed: expected 'gfxNNN' or 'gfxNNN:cu_num'"
+                )
+            arch = get_arch(match["arch"]).name
+            cu_text = match["cu"]
+            cu_num = None
+            if cu_text is not None:
+                if not cu_text.isdigit() or int(cu_text) <= 0:
+                    raise ValueError(
+                        f"GPU_ARCHS entry {entry!r}: cu_num must be a positive integer, "
+                        f"got {cu_text!r}"
+                    )
+                cu_num = int(cu_text)
+            target = ArchTarget(arch, cu_num)
+        if target not in targets:
+            targets.append(target)
+    return targets

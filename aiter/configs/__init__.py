@@ -1,0 +1,1 @@
+"""The default tuned tables (CSV data) and the script that generates them."""

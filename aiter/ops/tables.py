@@ -1,0 +1,60 @@
+"""The tuned tables the operators read: where each lives, its columns and its shape key.
+
+Each table is the default file in aiter/configs merged with files named by its environment
+variable; the AOT builder's --csv adds to that variable, so replay and runtime read the same rows.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiter.tuning import Column, TunedTable, load_table
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    name: str  # file name in aiter/configs
+    env_var: str  # extra tables, os.pathsep-separated
+    columns: tuple[Column, ...]
+    key: tuple[str, ...]  # shape columns, M included
+
+    @property
+    def default_path(self) -> Path:
+        return CONFIG_DIR / self.name
+
+    def load(self) -> TunedTable:
+        """The merged table as the runtime sees it now (cached per value of env_var)."""
+        return _load_cached(self, os.environ.get(self.env_var, ""))
+
+
+@functools.cache
+def _load_cached(spec: TableSpec, _env_value: str) -> TunedTable:
+    return load_table(spec.default_path, columns=spec.columns, key=spec.key, env_var=spec.env_var)
+
+
+A16W16 = TableSpec(
+    name="bf16_tuned_gemm.csv",
+    env_var="AITER_CONFIG_GEMM_BF16",
+    columns=(
+        Column("gfx", "str"),
+        Column("cu_num", "int"),
+        Column("M", "int"),
+        Column("N", "int"),
+        Column("K", "int"),
+        Column("bias", "bool01"),
+        Column("dtype", "str"),
+        Column("outdtype", "str"),
+        Column("libtype", "str"),
+        Column("splitK", "int"),
+        Column("us", "optional_float"),
+        Column("kernelName", "optional_str"),
+    ),
+    key=("gfx", "cu_num", "M", "N", "K", "bias", "dtype", "outdtype"),
+)
+
+ALL_TABLES = (A16W16,)

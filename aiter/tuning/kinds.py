@@ -1,0 +1,134 @@
+"""Column kinds of tuned tables: parsing cells and normalizing shape values.
+
+Numeric kinds compare on value, so "256", "256.0" and 256 are the same shape.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from dataclasses import dataclass
+
+KINDS = ("int", "float", "str", "optional_str", "bool01", "optional_float")
+
+# What each kind accepts, worded for error messages.
+EXPECTED = {
+    "int": "an integer",
+    "float": "a number",
+    "str": "non-empty text",
+    "optional_str": "text or an empty cell",
+    "bool01": "0/1 or True/False",
+    "optional_float": "a number or an empty cell",
+}
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column the caller requires, with the kind its cells must parse as."""
+
+    name: str
+    kind: str
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ValueError(
+                f"column {self.name!r}: unknown kind {self.kind!r}; expected one of {KINDS}"
+            )
+
+
+def parse_int(text: str) -> int:
+    """Parse an integer cell; integral floats such as "256.0" or "1e3" count."""
+    if "_" in text:
+        # Python accepts "1_000"; a table cell like that is more likely a typo.
+        raise ValueError(text)
+    try:
+        return int(text)
+    except ValueError:
+        value = float(text)
+        if not value.is_integer():
+            raise ValueError(text) from None
+        return int(value)
+
+
+def parse_float(text: str) -> float:
+    if "_" in text:
+        raise ValueError(text)
+    return float(text)
+
+
+def parse_optional_float(text: str) -> float | None:
+    return None if text == "" else parse_float(text)
+
+
+def parse_bool01(text: str) -> int:
+    lowered = text.lower()
+    if lowered == "true":
+        return 1
+    if lowered == "false":
+        return 0
+    value = parse_float(text)
+    if value not in (0.0, 1.0):
+        raise ValueError(text)
+    return int(value)
+
+
+def parse_str(text: str) -> str:
+    if text == "":
+        raise ValueError(text)
+    return text
+
+
+# Cell text (already stripped) -> the value shapes are compared on.
+PARSERS: dict[str, Callable[[str], object]] = {
+    "int": parse_int,
+    "float": parse_float,
+    "str": parse_str,
+    "optional_str": str,
+    "bool01": parse_bool01,
+    "optional_float": parse_optional_float,
+}
+
+
+def _normalize_int(value: object) -> object:
+    if type(value) is int:
+        return value
+    if isinstance(value, str):
+        return parse_int(value.strip())
+    if isinstance(value, float):
+        # A non-integral float matches no int row, which is the honest answer.
+        return int(value) if value.is_integer() else value
+    return operator.index(value)
+
+
+def _normalize_float(value: object) -> object:
+    if isinstance(value, str):
+        return parse_float(value.strip())
+    return float(value)  # type: ignore[arg-type]
+
+
+def _normalize_optional_float(value: object) -> object:
+    if value is None or (isinstance(value, str) and value.strip() == ""):
+        return None
+    return _normalize_float(value)
+
+
+def _normalize_bool01(value: object) -> object:
+    if isinstance(value, str):
+        return parse_bool01(value.strip())
+    return _normalize_int(value)
+
+
+def _normalize_str(value: object) -> object:
+    # str() also turns a torch dtype into its name, e.g. "torch.bfloat16".
+    return value.strip() if isinstance(value, str) else str(value)
+
+
+# A caller's lookup value -> the value shapes are compared on.
+NORMALIZERS: dict[str, Callable[[object], object]] = {
+    "int": _normalize_int,
+    "float": _normalize_float,
+    "str": _normalize_str,
+    "optional_str": _normalize_str,
+    "bool01": _normalize_bool01,
+    "optional_float": _normalize_optional_float,
+}

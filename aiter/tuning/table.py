@@ -1,0 +1,199 @@
+"""Loading tuned tables: merging files, validating cells and keeping one row per shape.
+
+The default table comes first, then files named by an environment variable, then --csv.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+from collections.abc import Hashable, Mapping, Sequence
+from types import MappingProxyType
+
+from .csvio import RawTable, read_table_file, write_table_file
+from .errors import TableError
+from .kinds import EXPECTED, NORMALIZERS, PARSERS, Column, parse_float
+from .lookup import MBuckets
+from .row import Row, bad_cell
+
+US_COLUMN = "us"
+
+PathLike = str | os.PathLike
+
+
+class TunedTable:
+    """Merged, validated, deduplicated rows with an index from shape to M buckets."""
+
+    def __init__(
+        self,
+        columns: Sequence[str],
+        rows: Sequence[Row],
+        *,
+        kinds: Mapping[str, str],
+        key: Sequence[str],
+        m_column: str = "M",
+        sources: Sequence[str] = (),
+    ) -> None:
+        self.columns: tuple[str, ...] = tuple(columns)
+        self.rows: tuple[Row, ...] = tuple(rows)
+        self.m_column = m_column
+        # Shape key without M, in the caller's order; M is handled by the buckets.
+        self.key: tuple[str, ...] = tuple(name for name in key if name != m_column)
+        self.sources: tuple[str, ...] = tuple(sources)
+        self._kinds = dict(kinds)
+        self._parsers = tuple(PARSERS[kinds[name]] for name in self.key)
+        self._normalizers = tuple((name, NORMALIZERS[kinds[name]]) for name in self.key)
+        self._buckets = MBuckets((self._row_key(row), row.int(m_column), row) for row in self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def lookup(self, key: Mapping[str, object], m: int) -> Row | None:
+        """The row tabled at exactly M == m, else the one whose M bucket holds m, else None.
+
+        `key` maps each non-M key column to a value compared like the table's cells
+        (numerically for numeric kinds, as text otherwise; extra entries are ignored).
+        """
+        try:
+            shape = tuple(normalize(key[name]) for name, normalize in self._normalizers)
+        except (KeyError, TypeError, ValueError):
+            raise self._bad_key(key) from None
+        return self._buckets.find(shape, m)
+
+    def bucket_of(self, row: Row) -> tuple[int, int]:
+        """Inclusive range of M the row serves: (previous tabled M + 1, its M), from 1."""
+        return self._buckets.bucket(self._row_key(row), row.int(self.m_column), row)
+
+    def to_csv(self, path: PathLike) -> None:
+        """Write every column and cell as text, so reading it back gives the same cells."""
+        write_table_file(
+            path, self.columns, ([row.cells[name] for name in self.columns] for row in self.rows)
+        )
+
+    def _bad_key(self, key: Mapping[str, object]) -> ValueError:
+        # Off the hot path: find which entry spoiled the lookup and say so.
+        for name, normalize in self._normalizers:
+            if name not in key:
+                return ValueError(
+                    f"lookup key lacks column {name!r}; expected {', '.join(self.key)}"
+                )
+            try:
+                normalize(key[name])
+            except (TypeError, ValueError):
+                kind = self._kinds[name]
+                return ValueError(
+                    f"lookup key column {name!r}: expected {EXPECTED[kind]}, "
+                    f"found {key[name]!r}"
+                )
+        return ValueError(f"bad lookup key {key!r}")
+
+    def _row_key(self, row: Row) -> tuple[Hashable, ...]:
+        return tuple(
+            parse(row.cells[name]) for name, parse in zip(self.key, self._parsers, strict=True)
+        )
+
+
+def load_table(
+    default_path: PathLike,
+    *,
+    columns: Sequence[Column],
+    key: Sequence[str],
+    m_column: str = "M",
+    env_var: str | None = None,
+    extra_paths: Sequence[PathLike] = (),
+) -> TunedTable:
+    """Read the default table, then files listed in `env_var`, then `extra_paths`.
+
+    Every file must hold every column in `columns`, with cells of its kind. Rows with
+    the same shape (`key`, which always includes `m_column`) are one: the lowest `us`
+    wins, an empty `us` loses, and on a tie the later file's row wins.
+    """
+    kinds = _check_schema(columns, key, m_column)
+    shape_columns = tuple(dict.fromkeys([*key, m_column]))
+
+    raws = [read_table_file(default_path, "the default table")]
+    for path in _env_paths(env_var):
+        raws.append(read_table_file(path, f"environment variable {env_var}"))
+    for path in extra_paths:
+        raws.append(read_table_file(path, "--csv"))
+
+    all_columns = tuple(dict.fromkeys(name for raw in raws for name in raw.header))
+    winners: dict[tuple[Hashable, ...], tuple[float, Row]] = {}
+    for raw in raws:
+        _check_columns(raw, kinds)
+        for row in _rows(raw, all_columns, kinds):
+            shape = tuple(PARSERS[kinds[name]](row.cells[name]) for name in shape_columns)
+            us = _us(row)
+            best = winners.get(shape)
+            # <= so a tie goes to the later row: an extra table overrides the default.
+            if best is None or us <= best[0]:
+                # Assigning to an existing key keeps the shape at its first position.
+                winners[shape] = (us, row)
+
+    return TunedTable(
+        all_columns,
+        [row for _, row in winners.values()],
+        kinds=kinds,
+        key=shape_columns,
+        m_column=m_column,
+        sources=[raw.path for raw in raws],
+    )
+
+
+def _check_schema(columns: Sequence[Column], key: Sequence[str], m_column: str) -> dict[str, str]:
+    kinds: dict[str, str] = {}
+    for column in columns:
+        if kinds.setdefault(column.name, column.kind) != column.kind:
+            raise ValueError(f"column {column.name!r} is declared twice with different kinds")
+    for name in [*key, m_column]:
+        if name not in kinds:
+            raise ValueError(f"key column {name!r} is not among the declared columns")
+    if kinds[m_column] != "int":
+        raise ValueError(f"M column {m_column!r} must be of kind 'int', not {kinds[m_column]!r}")
+    return kinds
+
+
+def _env_paths(env_var: str | None) -> list[str]:
+    if not env_var:
+        return []
+    value = os.environ.get(env_var, "")
+    return [part.strip() for part in re.split(f"[,{re.escape(os.pathsep)}]", value) if part.strip()]
+
+
+def _check_columns(raw: RawTable, kinds: Mapping[str, str]) -> None:
+    for name in kinds:
+        if name not in raw.header:
+            raise TableError(
+                f"{raw.path}: missing required column {name!r}; "
+                f"columns found: {', '.join(raw.header)}",
+                path=raw.path,
+                line=raw.header_line,
+                column=name,
+            )
+
+
+def _rows(raw: RawTable, all_columns: Sequence[str], kinds: Mapping[str, str]) -> list[Row]:
+    rows = []
+    for line, values in raw.records:
+        cells = dict.fromkeys(all_columns, "")
+        cells.update(zip(raw.header, values, strict=True))
+        for name, kind in kinds.items():
+            try:
+                PARSERS[kind](cells[name])
+            except ValueError:
+                raise bad_cell(raw.path, line, name, cells[name], kind) from None
+        rows.append(Row(MappingProxyType(cells), raw.path, line))
+    return rows
+
+
+def _us(row: Row) -> float:
+    text = row.cells.get(US_COLUMN, "")
+    if text == "":
+        return math.inf
+    try:
+        value = parse_float(text)
+    except ValueError:
+        raise bad_cell(row.source, row.line, US_COLUMN, text, "optional_float") from None
+    # A failed tuning run may record nan; it must never beat a measured time.
+    return math.inf if math.isnan(value) else value
