@@ -14,6 +14,7 @@ from pathlib import Path
 from aiter.tuning import Column, TunedTable, load_table
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR_ENV = "AITER_CONFIG_DIR"  # a directory of default tables that replaces aiter/configs
 
 
 @dataclass(frozen=True)
@@ -22,19 +23,21 @@ class TableSpec:
     env_var: str  # extra tables, os.pathsep-separated
     columns: tuple[Column, ...]
     key: tuple[str, ...]  # shape columns, M included
+    directory: Path | None = None  # where the default file lives; None: AITER_CONFIG_DIR or configs
 
     @property
     def default_path(self) -> Path:
-        return CONFIG_DIR / self.name
+        directory = self.directory or Path(os.environ.get(CONFIG_DIR_ENV) or CONFIG_DIR)
+        return directory / self.name
 
     def load(self) -> TunedTable:
         """The merged table as the runtime sees it now (cached per value of env_var)."""
-        return _load_cached(self, os.environ.get(self.env_var, ""))
+        return _load_cached(self, self.default_path, os.environ.get(self.env_var, ""))
 
 
 @functools.cache
-def _load_cached(spec: TableSpec, _env_value: str) -> TunedTable:
-    return load_table(spec.default_path, columns=spec.columns, key=spec.key, env_var=spec.env_var)
+def _load_cached(spec: TableSpec, default_path: Path, _env_value: str) -> TunedTable:
+    return load_table(default_path, columns=spec.columns, key=spec.key, env_var=spec.env_var)
 
 
 A16W16 = TableSpec(

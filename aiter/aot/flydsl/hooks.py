@@ -245,3 +245,78 @@ def default_cache_dir() -> str:
     from flydsl.utils.env import runtime
 
     return str(runtime.cache_dir)
+
+
+# --- code objects in cache entries ---
+
+
+def extract_code_objects(entry_path: str | Path) -> list[bytes]:
+    """The HSACO ELF files inside one FlyDSL cache entry (<cache>/<jit fn>_<key>/<file>.pkl).
+
+    An entry pickles a CompiledArtifact whose state holds zlib-compressed, fully lowered MLIR;
+    each `gpu.binary` object in it carries its code object as an MLIR string literal
+    (`bin = "..."`, non-printable bytes escaped as \\XX). The pickle is read with a stand-in
+    class, so no FlyDSL code runs while loading it.
+    """
+    import pickle
+    import zlib
+
+    artifact_class = ("flydsl.compiler.jit_executor", "CompiledArtifact")
+
+    class _ArtifactState:
+        state: Any = None
+
+        def __setstate__(self, state: Any) -> None:
+            self.state = state
+
+    class _EntryUnpickler(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            if (module, name) == artifact_class:
+                return _ArtifactState
+            raise ReplayHookBroken(
+                f"{entry_path}: cache entry pickles {module}.{name}, expected "
+                f"{'.'.join(artifact_class)} (flydsl {flydsl.__version__})"
+            )
+
+    with open(entry_path, "rb") as f:
+        artifact = _EntryUnpickler(f).load()
+    state = getattr(artifact, "state", None)
+    if not isinstance(state, dict) or not ({"ir_zlib", "ir_text"} & state.keys()):
+        raise ReplayHookBroken(
+            f"{entry_path}: cache entry state has no 'ir_zlib' or 'ir_text' "
+            f"(flydsl {flydsl.__version__}); update aiter/aot/flydsl/hooks.py"
+        )
+    if "ir_zlib" in state:
+        ir_text = zlib.decompress(state["ir_zlib"]).decode("utf-8")
+    else:
+        ir_text = state["ir_text"]
+
+    def decode_string(text: str, pos: int) -> tuple[bytes, int]:
+        # MLIR prints printable ASCII as is and every other byte (and the quote) as a
+        # backslash and two hex digits; a backslash itself is doubled.
+        out = bytearray()
+        while True:
+            if pos >= len(text):
+                raise ReplayHookBroken(f"{entry_path}: unterminated string in the entry's MLIR")
+            ch = text[pos]
+            if ch == '"':
+                return bytes(out), pos + 1
+            if ch == "\\":
+                if text[pos + 1] == "\\":
+                    out.append(0x5C)
+                    pos += 2
+                else:
+                    out.append(int(text[pos + 1 : pos + 3], 16))
+                    pos += 3
+            else:
+                out.extend(ch.encode("ascii"))
+                pos += 1
+
+    codes = []
+    marker = 'bin = "'
+    start = ir_text.find(marker)
+    while start >= 0:
+        code, end = decode_string(ir_text, start + len(marker))
+        codes.append(code)
+        start = ir_text.find(marker, end)
+    return codes

@@ -394,6 +394,8 @@ def _write_manifest(family: Family, cache_dir: str, report: dict[str, Any]) -> P
         for seg in result.get("segments", []):
             for k in seg["kernels"]:
                 path = _entry_path(k)
+                if not path.is_file():  # the manifest lists what the cache holds
+                    continue
                 rel = os.path.relpath(path, cache_dir)
                 entry = kernels.setdefault(
                     rel, {"function": k["function"], "params": k["params"], "requested_by": []}
@@ -437,7 +439,7 @@ def _print_report(family: Family, report: dict[str, Any], mode: str) -> Counter:
         for k in s["kernels"]
     }
     missing = {str(_entry_path(k)) for r in report["results"] for k in r.get("missing", [])}
-    compiled = sum(len(c.get("compiled", [])) for c in report["compiles"])
+    compiled = len({f for c in report["compiles"] for f in c.get("compiled", [])})
     counts = ", ".join(f"{tags[t]} {t}" for t in TAGS)
     print(
         f"summary {arch}: {len(report['results'])} jobs: {counts}; kernels: {len(unique)} requested,"
@@ -473,6 +475,9 @@ def main(family_module: str, argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "-j", "--workers", type=int, default=os.cpu_count() or 1, help="compile workers per arch"
     )
+    parser.add_argument(
+        "--report", metavar="PATH", help="also write every arch's full report as JSON to PATH"
+    )
     args = parser.parse_args(argv)
     mode = MODE_LIST if args.list else MODE_CHECK if args.check else MODE_BUILD
     try:
@@ -505,14 +510,18 @@ def main(family_module: str, argv: Sequence[str] | None = None) -> int:
         print(f"nothing to do: no {family.module} table rows for the requested archs")
         return EXIT_OK
     failed = False
+    reports = []
     for target in targets:
         _progress(f"replaying {family.module} for {target} ({mode}) into {cache_dir}")
         report = _run_arch(family_module, target, mode, args.workers, env)
+        reports.append(report)
         tags = _print_report(family, report, mode)
         failed |= tags[FAIL] > 0
         if mode == MODE_BUILD and "crashed" not in report:
             path = _write_manifest(family, cache_dir, report)
             _progress(f"manifest: {path}")
+    if args.report:
+        Path(args.report).write_text(json.dumps(reports, indent=1))
     if mode == MODE_BUILD:
         print(f"cache: {cache_dir}")
         print(

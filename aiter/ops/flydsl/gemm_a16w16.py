@@ -1,32 +1,11 @@
-"""FlyDSL kernels for C[M, N] = A[M, K] @ B[N, K]^T (+ bias[N]) with bf16/fp16 inputs:
-an MFMA flavour for gfx942/gfx950, a WMMA flavour for gfx1250, and a split-K reduction.
-
-Contract for callers (the host code validates, this module only launches):
-
-- ``a`` [M, K] and ``b`` [N, K]: both torch.bfloat16 or both torch.float16, row-major and
-  contiguous. Accumulation is fp32.
-- ``out`` [M, N], contiguous, bf16, fp16 or fp32; its dtype decides the output cast.
-- ``bias`` [N] or None: same dtype as ``out`` (BIAS_DTYPE_RULE), added in fp32 before the cast.
-- M >= 1 is any value (rows past M are never read past row M - 1 and never written);
-  N >= 1 is any value (N_MULTIPLE == 1, columns past N are treated like rows past M);
-  K is a positive multiple of K_MULTIPLE (32); M * N < 2**31.
-- split_k > 1: ``workspace`` is a contiguous fp32 tensor [split_k, M, N]; the main kernel
-  writes one fp32 partial per split (zeros for an empty split) and the reduction kernel sums
-  them, adds the bias, casts and writes ``out``. With split_k == 1, ``workspace`` is None.
-  K is cut into 32-wide k-blocks and split s owns k-blocks
-  [s * nkb // split_k, (s + 1) * nkb // split_k), so any split_k >= 1 works for any valid K.
-- mma: "mfma" (wave64, v_mfma_f32_16x16x16_{bf16,f16}) only on gfx942/gfx950, "wmma" (wave32,
-  v_wmma_f32_16x16x32_{bf16,f16}) only on gfx1250. The caller picks the flavour from the
-  arch: an MFMA kernel built for gfx1250 aborts LLVM.
-
-Both flavours load each lane's MMA operands straight from global memory (each lane reads a
-contiguous K run of one A row and one B row), so there is no LDS and no barrier.
+"""FlyDSL kernels and launchers for C[M, N] = A[M, K] @ B[N, K]^T (+ bias[N]) with bf16/fp16
+inputs: MFMA for gfx942/gfx950, WMMA for gfx1250, and a split-K reduction kernel.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
@@ -55,6 +34,9 @@ from .gemm_a16w16_index import (
     workspace_offset,
 )
 
+if TYPE_CHECKING:
+    import torch
+
 
 @dataclass(frozen=True)
 class GemmTile:
@@ -78,6 +60,9 @@ MMA_FLAVOURS = tuple(SUPPORTED_TILES)
 N_MULTIPLE = 1
 K_MULTIPLE = K_BLOCK
 BIAS_DTYPE_RULE = "same dtype as out"
+
+# Both flavours load each lane's MMA operands straight from global memory (a contiguous K run
+# of one A row and of one B row per lane), so the kernels use no LDS and no barrier.
 
 
 def _load_run(base, offset, length: int, dtype):
@@ -313,21 +298,39 @@ def gemm_a16w16_splitk_reduce(
 
 
 def launch_gemm_a16w16(
-    a: Any,
-    b: Any,
-    bias: Any | None,
-    out: Any,
-    workspace: Any | None,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    bias: torch.Tensor | None,
+    out: torch.Tensor,
+    workspace: torch.Tensor | None,
     *,
     tile: GemmTile,
     split_k: int,
     mma: str,
     stream: Any | None = None,
 ) -> None:
-    """Launch C = A @ B^T (+ bias) into `out` (see the module docstring for the contract).
+    """Launch out = A @ B^T (+ bias): the GEMM kernel, then the reduction when split_k > 1.
 
-    `stream` is anything fx.Stream takes: None (default stream), a raw handle int, or an
-    object with a `cuda_stream` attribute such as torch.cuda.Stream.
+    Contract (the host validates dtypes and contiguity; this checks tile, split_k and shapes):
+
+    - a [M, K] and b [N, K]: both bfloat16 or both float16, row-major contiguous; fp32
+      accumulation.
+    - out [M, N], contiguous, bfloat16, float16 or float32: its dtype decides the cast.
+    - bias [N] or None: same dtype as out (BIAS_DTYPE_RULE), added in fp32 before the cast.
+    - M >= 1 and N >= 1 are any values (N_MULTIPLE is 1): rows past M and columns past N are
+      never written, and loads read row M - 1 (N - 1) in their place. K is a positive
+      multiple of K_MULTIPLE (32). M * N + 255 < 2**31.
+    - split_k == 1: workspace is None and the GEMM kernel writes out with the bias epilogue.
+      split_k > 1: workspace is a contiguous float32 [split_k, M, N] tensor. K is cut into
+      32-wide k-blocks and split s owns k-blocks [s * nkb // split_k, (s + 1) * nkb // split_k),
+      so any split_k works for any valid K; every split writes its whole partial (zeros for
+      an empty range), and the reduction sums them, adds the bias, casts and writes out.
+    - mma: "mfma" (wave64, v_mfma_f32_16x16x16) for gfx942/gfx950 only, "wmma" (wave32,
+      v_wmma_f32_16x16x32) for gfx1250 only; an MFMA kernel built for gfx1250 aborts LLVM.
+    - stream: None (default stream), an fx.Stream, a raw handle int, or any object with a
+      `cuda_stream` attribute (torch.cuda.Stream, the dry run's stand-in).
+    - a, b, bias, out and workspace may be CPU tensors or FakeTensors when COMPILE_ONLY=1:
+      the kernels compile and nothing runs.
     """
     if mma not in SUPPORTED_TILES:
         raise ValueError(f"mma: expected one of {MMA_FLAVOURS}, got {mma!r}")
@@ -340,6 +343,14 @@ def launch_gemm_a16w16(
         raise ValueError("workspace: expected an fp32 [split_k, M, N] tensor when split_k > 1")
     m, k = (int(d) for d in a.shape)
     n = int(b.shape[0])
+    if k <= 0 or k % K_MULTIPLE:
+        raise ValueError(f"a: K = a.shape[1] must be a positive multiple of {K_MULTIPLE}, got {k}")
+    if tuple(b.shape) != (n, k):
+        raise ValueError(f"b: expected shape [N, {k}], got {list(b.shape)}")
+    if tuple(out.shape) != (m, n):
+        raise ValueError(f"out: expected shape [{m}, {n}], got {list(out.shape)}")
+    if m * n + REDUCE_BLOCK > 2**31:
+        raise ValueError(f"out: M * N = {m * n} is too large for 32-bit element indices")
     has_bias = bias is not None
     # Without a bias the kernel never reads its bias argument; `out` stands in for it.
     bias_arg = bias if has_bias else out

@@ -1,10 +1,10 @@
 """Index arithmetic of the a16w16 GEMM kernels: which A, B and C elements each block, wave
-and lane touches, and which K range each split-K slice owns.
-
-Every function here uses only +, -, *, //, %, & and comparisons, so the same code runs on
-Python ints (CPU tests) and on FlyDSL Int32 values (inside the kernels). All operands are
-non-negative, where floor and truncating division agree.
+and lane touches, and which k-blocks each split-K slice owns.
 """
+
+# Only +, -, *, //, %, & and comparisons appear below, so the same functions run on Python
+# ints (CPU tests) and on FlyDSL Int32/Int64 values (inside the kernels). Operands are never
+# negative, so floor and truncating division agree.
 
 # M and N of one MMA instruction (v_mfma_f32_16x16x16_* and v_wmma_f32_16x16x32_*).
 MMA_MN = 16
