@@ -87,11 +87,16 @@ class ArchTarget:
         return self.arch if self.cu_num is None else f"{self.arch}:{self.cu_num}"
 
 
-_ENTRY = re.compile(r"^(?P<arch>[A-Za-z0-9_]+)(?::(?P<cu>[^:]*))?$")
+_ARCH_NAME = re.compile(r"^[A-Za-z0-9_]+$")
+_FEATURE = re.compile(r"^[A-Za-z_]+[+-]$")  # target features such as sramecc+ or xnack-
+MALFORMED_HINT = "expected 'gfxNNN' or 'gfxNNN:cu_num' (feature flags such as ':xnack-' allowed)"
 
 
 def parse_gpu_archs(text: str, native: Callable[[], ArchTarget] | None = None) -> list[ArchTarget]:
     """Parse GPU_ARCHS: 'gfx942;gfx950', an optional ':cu_num' per arch, or 'native'.
+
+    Target feature flags ('gfx942:sramecc+:xnack-') are accepted and ignored: kernels are built
+    for the arch.
 
     `native` resolves the current machine's GPU; it is called only when the text asks for it.
     Entries may be separated by ';' or ','. Duplicates are dropped, order is kept.
@@ -106,15 +111,14 @@ def parse_gpu_archs(text: str, native: Callable[[], ArchTarget] | None = None) -
                 raise ValueError("GPU_ARCHS=native needs a visible GPU to resolve")
             target = native()
         else:
-            match = _ENTRY.match(entry)
-            if not match:
-                raise ValueError(
-                    f"GPU_ARCHS entry {entry!r} is malformed: expected 'gfxNNN' or 'gfxNNN:cu_num'"
-                )
-            arch = get_arch(match["arch"]).name
-            cu_text = match["cu"]
+            name, *parts = entry.split(":")
+            extra = [p for p in parts if not _FEATURE.match(p)]
+            if not _ARCH_NAME.match(name) or len(extra) > 1:
+                raise ValueError(f"GPU_ARCHS entry {entry!r} is malformed: {MALFORMED_HINT}")
+            arch = get_arch(name).name
             cu_num = None
-            if cu_text is not None:
+            if extra:
+                cu_text = extra[0]
                 if not cu_text.isdigit() or int(cu_text) <= 0:
                     raise ValueError(
                         f"GPU_ARCHS entry {entry!r}: cu_num must be a positive integer, "

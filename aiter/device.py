@@ -76,6 +76,8 @@ def current_stream() -> Any:
     """The stream kernels launch on."""
     if _simulated is not None:
         return _simulated.stream
+    if not torch.cuda.is_available():
+        _real_facts(0)  # raises NoGpuError with the explanation
     return torch.cuda.current_stream()
 
 

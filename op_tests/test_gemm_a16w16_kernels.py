@@ -526,3 +526,57 @@ def test_disassembly_uses_the_arch_mma(compiled: dict) -> None:
             )
         assert (mma_prefix in text) == (entry in compiled["main"]), entry
         assert other_prefix not in text, entry
+
+
+_ISA_CHILD = """
+import sys
+import torch
+from aiter.ops.flydsl.gemm_a16w16 import GemmTile, launch_gemm_a16w16
+
+mma, dtype = sys.argv[1], getattr(torch, sys.argv[2])
+a, b = torch.empty(37, 64, dtype=dtype), torch.empty(64, 64, dtype=dtype)
+out = torch.empty(37, 64, dtype=dtype)
+launch_gemm_a16w16(a, b, None, out, None, tile=GemmTile(16, 64, 32), split_k=1, mma=mma)
+"""
+
+# (arch, input dtype) -> the MMA instruction the kernel must use, and the wave size.
+ISA_EXPECTED = {
+    ("gfx942", "bfloat16"): ("v_mfma_f32_16x16x16_bf16", 64),
+    ("gfx950", "float16"): ("v_mfma_f32_16x16x16_f16", 64),
+    ("gfx1250", "bfloat16"): ("v_wmma_f32_16x16x32_bf16", 32),
+}
+
+
+@pytest.mark.parametrize("arch, dtype", list(ISA_EXPECTED))
+def test_isa_listing_uses_the_arch_mma(arch: str, dtype: str, rocm_path: str, tmp_path) -> None:
+    """FlyDSL's own ISA listing of the compile (LLVM's AMDGPU backend output) for every arch,
+    where no installed llvm-objdump can disassemble the code object."""
+    expected, wave = ISA_EXPECTED[(arch, dtype)]
+    env = dict(os.environ)
+    env.update(
+        ARCH=arch,
+        FLYDSL_GPU_ARCH=arch,
+        COMPILE_ONLY="1",
+        ROCM_PATH=rocm_path,
+        FLYDSL_RUNTIME_CACHE_DIR=str(tmp_path / "cache"),
+        FLYDSL_DEBUG_DUMP_ASM="1",
+        FLYDSL_DUMP_DIR=str(tmp_path / "dump"),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
+    )
+    mma = ARCH_FLAVOUR[arch]
+    child = subprocess.run(
+        [sys.executable, "-c", _ISA_CHILD, mma, dtype],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert child.returncode == 0, child.stderr[-4000:]
+    listings = sorted((tmp_path / "dump").glob("gemm_a16w16_kernel_*/*final_isa.s"))
+    assert len(listings) == 1, listings
+    text = listings[0].read_text()
+    assert f'.amdgcn_target "amdgcn-amd-amdhsa-unknown-{arch}"' in text
+    assert expected in text
+    assert ("v_wmma" if mma == "mfma" else "v_mfma") not in text
+    assert f".wavefront_size: {wave}" in text

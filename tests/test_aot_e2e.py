@@ -119,7 +119,7 @@ def test_manifest_records_both_archs_and_who_asked(build, setup):
     manifest = json.loads((cache / "aiter_aot_manifest.json").read_text())
     assert set(manifest["archs"]) == {"gfx942", "gfx1250"}
     assert set(manifest["versions"]) == {"aiter", "flydsl", "torch"}
-    for arch, modules in manifest["archs"].items():
+    for modules in manifest["archs"].values():
         for rel, entry in modules["gemm"].items():
             assert (cache / rel).is_file()
             assert entry["requested_by"][0]["module"] == "gemm"

@@ -164,4 +164,13 @@ def test_parse_malformed_entry_names_it(entry: str) -> None:
         parse_gpu_archs(entry)
     assert str(info.value) == (
         f"GPU_ARCHS entry {entry!r} is malformed: expected 'gfxNNN' or 'gfxNNN:cu_num'"
+        " (feature flags such as ':xnack-' allowed)"
     )
+
+
+@pytest.mark.parametrize(
+    "entry, cu_num",
+    [("gfx942:sramecc+:xnack-", None), ("gfx942:xnack-:228", 228), ("gfx942:80:sramecc+", 80)],
+)
+def test_parse_feature_flags_are_ignored(entry: str, cu_num) -> None:
+    assert parse_gpu_archs(entry) == [ArchTarget("gfx942", cu_num)]

@@ -90,9 +90,8 @@ def test_simulate_nested_restores_each_level() -> None:
 
 
 def test_simulate_restores_after_an_exception() -> None:
-    with pytest.raises(KeyError), device.simulate("gfx942", 304):
-        with device.simulate("gfx950", 256):
-            raise KeyError("boom")
+    with pytest.raises(KeyError), device.simulate("gfx942", 304), device.simulate("gfx950", 256):
+        raise KeyError("boom")
     assert not device.is_simulated()
     with pytest.raises(device.NoGpuError):
         device.cu_num()
@@ -100,8 +99,10 @@ def test_simulate_restores_after_an_exception() -> None:
 
 def test_simulate_unknown_arch_raises_and_changes_nothing() -> None:
     with device.simulate("gfx942", 304):
-        with pytest.raises(ValueError, match="unknown GPU arch 'gfx90a'"):
-            with device.simulate("gfx90a", 104):
-                pass
+        with (
+            pytest.raises(ValueError, match="unknown GPU arch 'gfx90a'"),
+            device.simulate("gfx90a", 104),
+        ):
+            pass
         assert device.arch() == "gfx942"
     assert not device.is_simulated()

@@ -112,9 +112,19 @@ def test_changed_compile_or_execute_signature(monkeypatch) -> None:
     monkeypatch.setattr(JF, "_compile_or_execute", moved)
     with pytest.raises(ReplayHookBroken) as info:
         hooks.self_test()
-    assert "JitFunction._compile_or_execute takes ['self', 'bound_args', 'execute'], the " in str(
-        info.value
+    assert (
+        "JitFunction._compile_or_execute takes ['self', 'bound_args', 'keyword-only execute'],"
+        in str(info.value)
     )
+
+
+def test_variadic_compile_or_execute_is_a_changed_signature(monkeypatch) -> None:
+    def moved(self, *args, **kwargs):
+        return None
+
+    monkeypatch.setattr(JF, "_compile_or_execute", moved)
+    with pytest.raises(ReplayHookBroken, match="'variadic positional args'"):
+        hooks.self_test()
 
 
 def test_changed_entry_names(monkeypatch) -> None:
@@ -126,9 +136,11 @@ def test_changed_entry_names(monkeypatch) -> None:
 def test_record_launches_runs_self_test_and_patches_nothing_when_broken(monkeypatch) -> None:
     monkeypatch.delattr(JCM, "compile_lock")
     get = JCM.get
-    with pytest.raises(ReplayHookBroken, match="JitCacheManager.compile_lock"):
-        with hooks.record_launches(hooks.MODE_NAME):
-            pass
+    with (
+        pytest.raises(ReplayHookBroken, match="JitCacheManager.compile_lock"),
+        hooks.record_launches(hooks.MODE_NAME),
+    ):
+        pass
     assert JCM.get is get
 
 
@@ -141,9 +153,11 @@ def test_record_launches_restores_what_it_patched() -> None:
 
 
 def test_record_launches_refuses_unknown_mode() -> None:
-    with pytest.raises(ValueError, match="mode must be 'name' or 'compile', got 'list'"):
-        with hooks.record_launches("list"):
-            pass
+    with (
+        pytest.raises(ValueError, match="mode must be 'name' or 'compile', got 'list'"),
+        hooks.record_launches("list"),
+    ):
+        pass
 
 
 def test_kernel_request_names() -> None:

@@ -98,11 +98,6 @@ def test_a_task_exiting_without_a_result() -> None:
     ]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="workers._child: a result json.dumps cannot encode leaves no result file and "
-    "exit status 0, reported as 'worker exited with status 0' without the cause",
-)
 def test_a_result_that_is_not_json_names_the_cause() -> None:
     (outcome,) = run_forked([0], lambda task: object(), workers=1)
     assert not outcome.ok
@@ -143,11 +138,6 @@ def test_workers_below_one_refused(workers: int) -> None:
     assert ran == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="workers.run_forked reaps with os.wait(), which also collects children it did not "
-    "start; their exit status is lost (a subprocess.Popen then reports 0)",
-)
 def test_other_children_of_the_parent_keep_their_status() -> None:
     other = subprocess.Popen(["sh", "-c", "exit 3"])
     time.sleep(0.2)  # let it finish before the workers start reaping

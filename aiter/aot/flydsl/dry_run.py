@@ -64,6 +64,8 @@ def _fake_getitem(original):
         items = index if isinstance(index, tuple) else (index,)
         out, dim = self, 0
         for item in items:
+            if isinstance(item, bool):
+                raise TypeError("indexing a fake tensor with a bool is not supported in a dry run")
             if isinstance(item, int):
                 out = torch.ops.aten.select.int(out, dim, item)
             elif isinstance(item, slice):
@@ -75,9 +77,9 @@ def _fake_getitem(original):
                 out = out.unsqueeze(dim)
                 dim += 1
             else:
-                raise GpuRuntimeReached(
+                raise TypeError(
                     f"indexing a fake tensor with {type(item).__name__} is not supported in a "
-                    "dry run; index with ints and slices"
+                    "dry run; index with ints, slices and None"
                 )
         return out
 

@@ -84,8 +84,12 @@ def self_test() -> None:
             ["self", "args", "kwargs"],
         ),
     }
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     for label, (fn, expected) in checks.items():
-        params = list(inspect.signature(fn).parameters)[: len(expected)]
+        found = list(inspect.signature(fn).parameters.values())[: len(expected)]
+        params = [
+            p.name if p.kind in positional else f"{p.kind.description} {p.name}" for p in found
+        ]
         if params != expected:
             raise ReplayHookBroken(
                 f"flydsl {flydsl.__version__}: {label} takes {params}, the replay expects"
@@ -320,3 +324,10 @@ def extract_code_objects(entry_path: str | Path) -> list[bytes]:
         codes.append(code)
         start = ir_text.find(marker, end)
     return codes
+
+
+def flydsl_target_arch() -> str:
+    """The arch FlyDSL compiles for in this process (read from FLYDSL_GPU_ARCH, else hardware)."""
+    from flydsl.runtime.device import get_rocm_arch
+
+    return get_rocm_arch()

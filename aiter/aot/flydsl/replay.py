@@ -279,6 +279,19 @@ def arch_process_main(argv: Sequence[str]) -> int:
     from aiter.toolchain import configure_linker
 
     configure_linker()
+    from aiter.aot.flydsl import hooks
+
+    # FlyDSL reads its target from the environment; a process that would compile for another
+    # arch than it replays must not write a single cache entry.
+    target = hooks.flydsl_target_arch()
+    if target != args.arch or os.environ.get("ARCH") != args.arch:
+        print(
+            f"error: replay process for {args.arch} finds FlyDSL targeting {target} "
+            f"(ARCH={os.environ.get('ARCH')!r}); "
+            "set FLYDSL_GPU_ARCH and ARCH to the arch being replayed",
+            file=sys.stderr,
+        )
+        return EXIT_USAGE
     family = importlib.import_module(args.family).FAMILY
     cu_nums = frozenset(args.cu_num) if args.cu_num else None
     report = replay_arch(family, args.arch, cu_nums, args.mode, args.workers)

@@ -10,11 +10,14 @@ import os
 import signal
 import sys
 import tempfile
+import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+POLL_SECONDS = 0.005
 
 
 @dataclass(frozen=True)
@@ -39,14 +42,17 @@ def _describe_status(status: int) -> str:
 def _child(task: Any, run: Callable[[Any], Any], out_path: Path) -> None:
     code = 0
     try:
-        payload = {"ok": True, "result": run(task)}
+        text = json.dumps({"ok": True, "result": run(task)})
     except BaseException as err:  # the parent must hear about every failure
         code = 1
-        detail = traceback.format_exception_only(type(err), err)[-1].strip()
-        payload = {"ok": False, "error": detail}
+        if isinstance(err, (TypeError, ValueError)) and "JSON" in str(err):
+            detail = f"the task's result is not JSON-serialisable: {err}"
+        else:
+            detail = traceback.format_exception_only(type(err), err)[-1].strip()
+        text = json.dumps({"ok": False, "error": detail})
     try:
         tmp = out_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(payload))
+        tmp.write_text(text)
         os.replace(tmp, out_path)
     finally:
         sys.stdout.flush()
@@ -77,15 +83,23 @@ def run_forked(
                 if pid == 0:
                     _child(tasks[index], run, out_path)
                 running[pid] = (index, out_path)
-            pid, status = os.wait()
-            if pid not in running:
-                continue
+            pid, status = _wait_for_one(running)
             index, out_path = running.pop(pid)
             outcome = _collect(index, status, out_path)
             outcomes[index] = outcome
             if on_done is not None:
                 on_done(outcome)
     return [o for o in outcomes if o is not None]
+
+
+def _wait_for_one(running: dict[int, tuple[int, Path]]) -> tuple[int, int]:
+    """Reap one of our own workers; other children of this process keep their status."""
+    while True:
+        for pid in running:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                return pid, status
+        time.sleep(POLL_SECONDS)
 
 
 def _collect(index: int, status: int, out_path: Path) -> TaskOutcome:
