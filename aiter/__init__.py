@@ -3,10 +3,17 @@
 __version__ = "0.1.0"
 
 
+_A8W8 = ("gemm_a8w8_bpreshuffle", "gemm_a8w8_blockscale", "shuffle_weight", "unshuffle_weight")
+
+
 def __getattr__(name: str):
     # Operators import torch and FlyDSL; load them on first use so `import aiter` stays light.
     if name == "gemm_a16w16":
         from aiter.ops.gemm import gemm_a16w16
 
         return gemm_a16w16
+    if name in _A8W8:
+        from aiter.ops import gemm_a8w8
+
+        return getattr(gemm_a8w8, name)
     raise AttributeError(f"module 'aiter' has no attribute {name!r}")

@@ -262,3 +262,16 @@ def test_two_archs_in_one_fresh_process() -> None:
         "REFUSED: this process was started for gfx942 and cannot replay gfx950: "
         "run one process per arch"
     )
+
+
+def test_contiguous_on_fakes_matches_real_torch() -> None:
+    real = torch.empty(4, 8, 16, 16).permute(0, 2, 1, 3).contiguous()
+    original = torch.Tensor.contiguous
+    with gfx942():
+        assert torch.Tensor.contiguous is not original
+        x = torch.empty(4, 8, 16, 16, device="cuda")
+        assert x.contiguous() is x
+        view = x.permute(0, 2, 1, 3).contiguous()
+        got = (tuple(view.shape), view.stride(), view.is_contiguous())
+    assert got == (tuple(real.shape), real.stride(), True)
+    assert torch.Tensor.contiguous is original

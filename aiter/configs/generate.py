@@ -1,7 +1,8 @@
-"""Generates the default bf16 GEMM table from the linear layers of real models.
+"""Generates the default GEMM tables from the linear layers of real models.
 
-No AMD GPU was measured for it: every choice is the runtime's documented heuristic, `us` is empty.
-Run `python -m aiter.configs.generate` to rewrite aiter/configs/bf16_tuned_gemm.csv.
+No AMD GPU was measured for them: every choice is the runtime's documented heuristic at the row's
+M, with splitK 0 (chosen per call) and `us` empty. `python -m aiter.configs.generate` rewrites
+every table in aiter/configs.
 """
 
 from __future__ import annotations
@@ -9,17 +10,16 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiter.arch import ARCHS
-from aiter.ops import gemm_a16w16_config as a16w16
+from aiter.arch import ARCHS, ArchInfo
+from aiter.ops.gemm_config import KernelFamily
 
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-COLUMNS = (
-    "gfx", "cu_num", "M", "N", "K", "bias", "dtype", "outdtype",
-    "libtype", "splitK", "us", "kernelName",
-)  # fmt: skip
+TORCH_M = (1, 2, 4, 8, 16)  # shapes too small for a kernel launch to pay off
+HERE = Path(__file__).resolve().parent
 
 
 @dataclass(frozen=True)
@@ -42,42 +42,119 @@ class Model:
         }
 
 
-MODELS = (
-    Model("Llama-3.1-8B", hidden=4096, intermediate=14336, heads=32, kv_heads=8, head_dim=128),
-    Model("Qwen3-32B", hidden=5120, intermediate=25600, heads=64, kv_heads=8, head_dim=128),
+LLAMA_3_1_8B = Model("Llama-3.1-8B", 4096, 14336, heads=32, kv_heads=8, head_dim=128)
+QWEN3_32B = Model("Qwen3-32B", 5120, 25600, heads=64, kv_heads=8, head_dim=128)
+LLAMA_3_1_70B = Model("Llama-3.1-70B", 8192, 28672, heads=64, kv_heads=8, head_dim=128)
+
+
+def deepseek_v3_dense_shapes(tp: int = 8) -> dict[str, tuple[int, int]]:
+    """(N, K) of DeepSeek-V3's dense linear layers at TP `tp`: MLA projections and the dense
+    MLP of its first layers (hidden 7168, 128 heads, q_lora 1536, kv_lora 512, MLP 18432).
+    kv_a_proj_with_mqa (N = 576) is left out: N is not a multiple of the 128 scale block."""
+    hidden, heads, q_lora, kv_lora, intermediate = 7168, 128, 1536, 512, 18432
+    qk_head, v_head, qk_nope = 192, 128, 128
+    return {
+        "q_a_proj": (q_lora, hidden),
+        "q_b_proj": (heads * qk_head // tp, q_lora),
+        "kv_b_proj": (heads * (qk_nope + v_head) // tp, kv_lora),
+        "o_proj": (hidden, heads * v_head // tp),
+        "gate_up_proj": (2 * intermediate // tp, hidden),
+        "down_proj": (hidden, intermediate // tp),
+    }
+
+
+def _unique(shapes: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
+    return list(dict.fromkeys(shapes))
+
+
+def _a16w16_family() -> KernelFamily:
+    from aiter.ops.gemm_a16w16_config import FAMILY
+
+    return FAMILY
+
+
+def _bpreshuffle_family() -> KernelFamily:
+    from aiter.ops.gemm_a8w8_config import BPRESHUFFLE
+
+    return BPRESHUFFLE
+
+
+def _blockscale_family() -> KernelFamily:
+    from aiter.ops.gemm_a8w8_config import BLOCKSCALE
+
+    return BLOCKSCALE
+
+
+@dataclass(frozen=True)
+class TableRecipe:
+    file: str
+    columns: tuple[str, ...]
+    family: Callable[[], KernelFamily]  # imported late: kernel modules import FlyDSL
+    shapes: list[tuple[int, int]]
+    dtype_cells: Callable[[ArchInfo], dict[str, str]]
+    torch_shapes: tuple[tuple[int, int], ...]
+
+    def archs(self) -> list[ArchInfo]:
+        """The archs whose MMA flavour the family has kernels for."""
+        return [arch for arch in ARCHS.values() if arch.mma in self.family().tiles]
+
+
+RECIPES = (
+    TableRecipe(
+        file="bf16_tuned_gemm.csv",
+        columns=("gfx", "cu_num", "M", "N", "K", "bias", "dtype", "outdtype",
+                 "libtype", "splitK", "us", "kernelName"),  # fmt: skip
+        family=_a16w16_family,
+        shapes=_unique(
+            shape
+            for model in (LLAMA_3_1_8B, QWEN3_32B)
+            for tp in (1, 8)
+            for shape in model.linear_shapes(tp).values()
+        ),
+        dtype_cells=lambda arch: {
+            "bias": "0", "dtype": "torch.bfloat16", "outdtype": "torch.bfloat16",
+        },  # fmt: skip
+        torch_shapes=((64, 64), (128, 64)),
+    ),
+    TableRecipe(
+        file="a8w8_bpreshuffle_tuned_gemm.csv",
+        columns=("gfx", "cu_num", "M", "N", "K", "q_dtype_w", "libtype", "kernelId",
+                 "splitK", "us", "kernelName"),  # fmt: skip
+        family=_bpreshuffle_family,
+        shapes=_unique(LLAMA_3_1_70B.linear_shapes(8).values()),
+        dtype_cells=lambda arch: {"q_dtype_w": f"torch.{arch.fp8_dtype_name}"},
+        torch_shapes=((64, 128),),
+    ),
+    TableRecipe(
+        file="a8w8_blockscale_tuned_gemm.csv",
+        columns=("gfx", "cu_num", "M", "N", "K", "libtype", "kernelId",
+                 "splitK", "us", "kernelName"),  # fmt: skip
+        family=_blockscale_family,
+        shapes=_unique(deepseek_v3_dense_shapes(8).values()),
+        dtype_cells=lambda arch: {},
+        torch_shapes=((128, 128),),
+    ),
 )
-TENSOR_PARALLEL = (1, 8)
-# Shapes too small for a kernel launch to pay off: served by torch.
-TORCH_SHAPES = ((64, 64), (128, 64))
-TORCH_M = (1, 2, 4, 8, 16)
 
 
-def model_shapes() -> list[tuple[int, int]]:
-    shapes = []
-    for model in MODELS:
-        for tp in TENSOR_PARALLEL:
-            for n, k in model.linear_shapes(tp).values():
-                if (n, k) not in shapes:
-                    shapes.append((n, k))
-    return shapes
-
-
-def rows() -> list[dict[str, str]]:
+def rows(recipe: TableRecipe) -> list[dict[str, str]]:
+    family = recipe.family()
     out = []
-    for arch in ARCHS.values():
+    for arch in recipe.archs():
         cu_num = arch.default_cu_num
-        base = {"gfx": arch.name, "cu_num": str(cu_num), "bias": "0", "us": ""}
-        base |= {"dtype": "torch.bfloat16", "outdtype": "torch.bfloat16"}
-        for n, k in model_shapes():
+        base = {"gfx": arch.name, "cu_num": str(cu_num), "us": "", **recipe.dtype_cells(arch)}
+        if "kernelId" in recipe.columns:
+            base["kernelId"] = "0"
+        for n, k in recipe.shapes:
             for m in M_BUCKETS:
-                tile = a16w16.heuristic_tile(m, n, k, cu_num, arch.mma)
+                tile = family.heuristic_tile(m, n, k, cu_num, arch.mma)
                 # splitK 0: the runtime picks split-K per call, so it adapts inside the bucket.
                 out.append(
                     base
                     | {"M": str(m), "N": str(n), "K": str(k), "libtype": "flydsl"}
-                    | {"splitK": "0", "kernelName": a16w16.kernel_name(arch.mma, tile)}
+                    | {"splitK": "0", "kernelName": family.kernel_name(arch.mma, tile)}
                 )
-        for n, k in TORCH_SHAPES:
+        for n, k in recipe.torch_shapes:
             for m in TORCH_M:
                 out.append(
                     base
@@ -87,20 +164,22 @@ def rows() -> list[dict[str, str]]:
     return out
 
 
-def render() -> str:
+def render(recipe: TableRecipe) -> str:
     buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, lineterminator="\n")
+    writer = csv.DictWriter(buffer, fieldnames=recipe.columns, lineterminator="\n")
     writer.writeheader()
-    writer.writerows(rows())
+    writer.writerows(rows(recipe))
     return buffer.getvalue()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--out", default=str(Path(__file__).with_name("bf16_tuned_gemm.csv")))
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out-dir", default=str(HERE))
     args = parser.parse_args()
-    Path(args.out).write_text(render())
-    print(f"wrote {len(rows())} rows to {args.out}")
+    for recipe in RECIPES:
+        path = Path(args.out_dir) / recipe.file
+        path.write_text(render(recipe))
+        print(f"wrote {len(rows(recipe))} rows to {path}")
 
 
 if __name__ == "__main__":

@@ -7,16 +7,14 @@ from __future__ import annotations
 
 import torch
 
-from aiter import device, dispatch
+from aiter import device
 from aiter.ops import gemm_a16w16_config as a16w16
 from aiter.ops.flydsl.gemm_a16w16 import K_MULTIPLE, N_MULTIPLE, launch_gemm_a16w16
+from aiter.ops.gemm_plan import plan
 from aiter.ops.tables import A16W16
-from aiter.tuning import Row, TableError
 
 A16W16_INPUT_DTYPES = (torch.bfloat16, torch.float16)
 A16W16_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-LIBTYPE_FLYDSL = "flydsl"
-LIBTYPE_TORCH = "torch"
 
 
 def _check_matrix(name: str, t: object, dtypes: tuple[torch.dtype, ...]) -> torch.Tensor:
@@ -61,19 +59,6 @@ def _validate_a16w16(A, B, bias, out_dtype) -> torch.dtype:
     return out_dtype
 
 
-def _row_choice(row: Row, m: int, n: int, k: int, cu_num: int, mma: str) -> a16w16.KernelChoice:
-    try:
-        tile = a16w16.parse_kernel_name(row["kernelName"], mma)
-    except ValueError as err:
-        raise TableError(
-            f"{row.source}:{row.line}: column 'kernelName': {err}",
-            path=row.source,
-            line=row.line,
-            column="kernelName",
-        ) from None
-    return a16w16.choose(m, n, k, cu_num, mma, tile, row.int("splitK"))
-
-
 def gemm_a16w16(
     A: torch.Tensor,
     B: torch.Tensor,
@@ -88,56 +73,26 @@ def gemm_a16w16(
     out_dtype = _validate_a16w16(A, B, bias, out_dtype)
     m, k = A.shape
     n = B.shape[0]
-    arch, cu_num = device.arch(), device.cu_num()
     key = {
-        "gfx": arch,
-        "cu_num": cu_num,
         "N": n,
         "K": k,
         "bias": int(bias is not None),
         "dtype": str(A.dtype),
         "outdtype": str(out_dtype),
     }
-    row = A16W16.load().lookup(key, m)
-    row_ref = f"{row.source}:{row.line}" if row is not None else None
-
-    if row is not None and row["libtype"] == LIBTYPE_TORCH:
-        dispatch.report(
-            lambda: dispatch.DispatchRecord(
-                "gemm_a16w16", dispatch.BACKEND_TORCH, None, "table", row_ref
-            )
-        )
+    served = plan("gemm_a16w16", A16W16, a16w16.FAMILY, key, m, n, k)
+    if served.use_torch:
+        served.report()
         out = torch.matmul(A, B.mT).to(out_dtype)
         return out + bias if bias is not None else out
-    if row is not None and row["libtype"] != LIBTYPE_FLYDSL:
-        raise TableError(
-            f"{row.source}:{row.line}: column 'libtype': expected "
-            f"{LIBTYPE_FLYDSL!r} or {LIBTYPE_TORCH!r}, found {row['libtype']!r}",
-            path=row.source,
-            line=row.line,
-            column="libtype",
-        )
-
     if n % N_MULTIPLE or k % K_MULTIPLE:
         raise ValueError(
             f"gemm_a16w16 FlyDSL kernels need N % {N_MULTIPLE} == 0 and K % {K_MULTIPLE} == 0, "
             f"got N={n}, K={k}"
         )
-    mma = device.arch_info().mma
-    if row is not None:
-        choice = _row_choice(row, m, n, k, cu_num, mma)
-    else:
-        choice = a16w16.choose(m, n, k, cu_num, mma, None, 0)
-    dispatch.report(
-        lambda: dispatch.DispatchRecord(
-            "gemm_a16w16",
-            dispatch.BACKEND_FLYDSL,
-            choice.name,
-            "table" if row is not None else "heuristic",
-            row_ref,
-            {"split_k": choice.split_k},
-        )
-    )
+    served.report()
+    choice = served.choice
+    mma = choice.mma
     out = torch.empty((m, n), dtype=out_dtype, device=A.device)
     workspace = None
     if choice.split_k > 1:

@@ -60,4 +60,31 @@ A16W16 = TableSpec(
     key=("gfx", "cu_num", "M", "N", "K", "bias", "dtype", "outdtype"),
 )
 
-ALL_TABLES = (A16W16,)
+_A8W8_COLUMNS = (
+    Column("gfx", "str"),
+    Column("cu_num", "int"),
+    Column("M", "int"),
+    Column("N", "int"),
+    Column("K", "int"),
+    Column("libtype", "str"),
+    Column("kernelId", "int"),
+    Column("splitK", "int"),
+    Column("us", "optional_float"),
+    Column("kernelName", "optional_str"),
+)
+
+A8W8_BPRESHUFFLE = TableSpec(
+    name="a8w8_bpreshuffle_tuned_gemm.csv",
+    env_var="AITER_CONFIG_GEMM_A8W8_BPRESHUFFLE",
+    columns=_A8W8_COLUMNS[:5] + (Column("q_dtype_w", "str"),) + _A8W8_COLUMNS[5:],
+    key=("gfx", "cu_num", "M", "N", "K", "q_dtype_w"),
+)
+
+A8W8_BLOCKSCALE = TableSpec(
+    name="a8w8_blockscale_tuned_gemm.csv",
+    env_var="AITER_CONFIG_GEMM_A8W8_BLOCKSCALE",
+    columns=_A8W8_COLUMNS,
+    key=("gfx", "cu_num", "M", "N", "K"),
+)
+
+ALL_TABLES = (A16W16, A8W8_BPRESHUFFLE, A8W8_BLOCKSCALE)

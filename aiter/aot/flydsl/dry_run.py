@@ -95,6 +95,17 @@ def _fake_copy(original):
     return copy_
 
 
+def _fake_contiguous(original):
+    def contiguous(self, memory_format=torch.contiguous_format):
+        if not isinstance(self, FakeTensor):
+            return original(self, memory_format=memory_format)
+        if self.is_contiguous(memory_format=memory_format):
+            return self
+        return torch.ops.aten.clone.default(self, memory_format=memory_format)
+
+    return contiguous
+
+
 def _patch(stack: ExitStack, owner: Any, name: str, replacement: Any) -> None:
     original = getattr(owner, name)
     setattr(owner, name, replacement)
@@ -141,6 +152,7 @@ def dry_run(arch: str, cu_num: int, mode: str) -> Iterator[list[hooks.KernelRequ
         stack.enter_context(hooks.guard_kernel_execution(_raise_reached("a FlyDSL kernel launch")))
         _patch(stack, torch.Tensor, "__getitem__", _fake_getitem(torch.Tensor.__getitem__))
         _patch(stack, torch.Tensor, "copy_", _fake_copy(torch.Tensor.copy_))
+        _patch(stack, torch.Tensor, "contiguous", _fake_contiguous(torch.Tensor.contiguous))
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=False))
         requests = stack.enter_context(hooks.record_launches(mode))
         yield requests

@@ -45,6 +45,24 @@ class Job:
     variant: str  # which caller variant, e.g. "out=bf16"
     call: Callable[[int], object] = field(repr=False)  # calls the public entry at M
 
+    @classmethod
+    def for_row(
+        cls, table_name: str, table: TunedTable, row, variant: str, call: Callable[[int], object]
+    ) -> Job:
+        """The job of one table row: its arch and CU count, and the M bucket it serves."""
+        m_lo, m_hi = table.bucket_of(row)
+        return cls(
+            table=table_name,
+            row=f"{row.source}:{row.line}",
+            arch=row["gfx"],
+            cu_num=row.int("cu_num"),
+            m_lo=m_lo,
+            m_hi=m_hi,
+            m_row=row.int("M"),
+            variant=variant,
+            call=call,
+        )
+
     def describe(self) -> str:
         where = f"{Path(self.row.rsplit(':', 1)[0]).name}:{self.row.rsplit(':', 1)[1]}"
         variant = f" {self.variant}" if self.variant else ""
@@ -310,8 +328,24 @@ def _table_archs(family: Family) -> dict[str, set[int]]:
     return archs
 
 
+def _named_by(tables: list[TableSpec], file_name: str) -> list[TableSpec]:
+    """Tables a word of whose name, shared with no other candidate, appears in file_name."""
+    words = {t: set(Path(t.name).stem.split("_")) for t in tables}
+    named = []
+    for table in tables:
+        others = set().union(*(w for t, w in words.items() if t is not table))
+        if any(word in file_name for word in words[table] - others):
+            named.append(table)
+    return named
+
+
+def _exact_columns(tables: list[TableSpec], header: set[str]) -> list[TableSpec]:
+    return [t for t in tables if {c.name for c in t.columns} == header]
+
+
 def _assign_csv(family: Family, paths: Sequence[str]) -> dict[TableSpec, list[str]]:
-    """Tell which table each --csv extends, by its columns, then by its file name."""
+    """Tell which table each --csv extends: the one whose columns it has; among several, the
+    one its file name names, else the one whose columns it has exactly."""
     from aiter.tuning.csvio import read_table_file
 
     assigned: dict[TableSpec, list[str]] = {}
@@ -324,7 +358,7 @@ def _assign_csv(family: Family, paths: Sequence[str]) -> dict[TableSpec, list[st
             raise UsageError(f"--csv {path}: {err}") from None
         fits = [s for s in family.tables if {c.name for c in s.columns} <= header]
         if len(fits) > 1:
-            fits = [s for s in fits if Path(s.name).stem in Path(path).name] or fits
+            fits = _named_by(fits, Path(path).name) or _exact_columns(fits, header) or fits
         if len(fits) != 1:
             tables = ", ".join(s.name for s in family.tables)
             why = "fits none of" if not fits else "fits more than one of"
@@ -333,6 +367,7 @@ def _assign_csv(family: Family, paths: Sequence[str]) -> dict[TableSpec, list[st
                 f"({tables}); name the file after its table or give it that table's columns"
             )
         assigned.setdefault(fits[0], []).append(str(Path(path).resolve()))
+        _progress(f"--csv {path} extends {fits[0].name}")
     return assigned
 
 

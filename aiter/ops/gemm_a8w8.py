@@ -1,0 +1,175 @@
+"""Public fp8/int8 GEMM entries: per-token/per-channel scaled with a preshuffled weight, and
+DeepSeek-V3-style 1x128 / 128x128 block-scaled. Validate, look up, allocate, launch.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from aiter import device
+from aiter.ops import gemm_a8w8_config as config
+from aiter.ops.flydsl.gemm_a8w8 import (
+    BLOCKSCALE_BLOCK,
+    BPRESHUFFLE_K_MULTIPLE,
+    BPRESHUFFLE_N_MULTIPLE,
+    launch_gemm_a8w8_blockscale,
+    launch_gemm_a8w8_bpreshuffle,
+    semaphore_size,
+    shuffle_weight,
+    unshuffle_weight,
+)
+from aiter.ops.gemm_plan import Plan, plan
+from aiter.ops.tables import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE
+
+__all__ = ["gemm_a8w8_blockscale", "gemm_a8w8_bpreshuffle", "shuffle_weight", "unshuffle_weight"]
+
+OUT_DTYPES = (torch.bfloat16, torch.float16)
+# What the runtime allocates for split-K: fp32 partial sums, and one zeroed counter per output
+# tile that the last split to finish uses to know it must reduce.
+WORKSPACE_DTYPE = torch.float32
+SEMAPHORE_DTYPE = torch.int64
+
+
+def _check_tensor(name: str, t: object, dtypes: tuple, shape: tuple[int, ...]) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        raise TypeError(f"{name} must have dtype in {dtypes}, got {t.dtype}")
+    if tuple(t.shape) != shape:
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
+    if not t.is_cuda:
+        raise ValueError(f"{name} must be on a GPU device, got {t.device}")
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
+    return t
+
+
+def _quant_dtypes(allow_int8: bool) -> tuple[torch.dtype, ...]:
+    """The device's fp8 flavour (fnuz on gfx942, fn elsewhere), and int8 where allowed."""
+    fp8 = device.fp8_dtype()
+    return (fp8, torch.int8) if allow_int8 else (fp8,)
+
+
+def _validate(XQ, WQ, out_dtype, allow_int8: bool) -> tuple[int, int, int]:
+    if not isinstance(XQ, torch.Tensor) or XQ.dim() != 2:
+        raise ValueError(f"XQ must be a 2-D tensor [M, K], got {getattr(XQ, 'shape', XQ)!r}")
+    if not isinstance(WQ, torch.Tensor) or WQ.dim() != 2:
+        raise ValueError(f"WQ must be a 2-D tensor [N, K], got {getattr(WQ, 'shape', WQ)!r}")
+    m, k = XQ.shape
+    n = WQ.shape[0]
+    if m < 1:
+        raise ValueError(f"XQ must have at least one row, got shape {list(XQ.shape)}")
+    dtypes = _quant_dtypes(allow_int8)
+    if XQ.dtype not in dtypes:
+        raise TypeError(
+            f"XQ must have dtype in {dtypes} on {device.arch()} (its fp8 flavour), got {XQ.dtype}"
+        )
+    _check_tensor("XQ", XQ, dtypes, (m, k))
+    _check_tensor("WQ", WQ, (XQ.dtype,), (n, k))
+    if out_dtype not in OUT_DTYPES:
+        raise TypeError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
+    return m, n, k
+
+
+def _split_k_buffers(served: Plan, m: int, n: int, like: torch.Tensor):
+    choice = served.choice
+    if choice.split_k == 1:
+        return None, None
+    workspace = torch.empty((choice.split_k, m, n), dtype=WORKSPACE_DTYPE, device=like.device)
+    semaphore = torch.zeros(
+        (semaphore_size(m, n, choice.tile),), dtype=SEMAPHORE_DTYPE, device=like.device
+    )
+    return workspace, semaphore
+
+
+def gemm_a8w8_bpreshuffle(
+    XQ: torch.Tensor,
+    WQ: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_scale: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """out[M, N] = (XQ @ WQ^T) * x_scale * w_scale, fp32 accumulation, bf16 or fp16 out.
+
+    XQ[M, K] and WQ[N, K] are the device's fp8 flavour or int8; WQ is laid out by
+    `shuffle_weight`. x_scale is per token [M, 1], w_scale per channel [1, N], both fp32.
+    """
+    m, n, k = _validate(XQ, WQ, out_dtype, allow_int8=True)
+    _check_tensor("x_scale", x_scale, (torch.float32,), (m, 1))
+    _check_tensor("w_scale", w_scale, (torch.float32,), (1, n))
+    key = {"N": n, "K": k, "q_dtype_w": str(WQ.dtype)}
+    served = plan("gemm_a8w8_bpreshuffle", A8W8_BPRESHUFFLE, config.BPRESHUFFLE, key, m, n, k)
+    if served.use_torch:
+        served.report()
+        acc = torch.matmul(XQ.to(torch.float32), unshuffle_weight(WQ).to(torch.float32).mT)
+        return (acc * x_scale * w_scale).to(out_dtype)
+    if n % BPRESHUFFLE_N_MULTIPLE or k % BPRESHUFFLE_K_MULTIPLE:
+        raise ValueError(
+            f"gemm_a8w8_bpreshuffle FlyDSL kernels need N % {BPRESHUFFLE_N_MULTIPLE} == 0 and "
+            f"K % {BPRESHUFFLE_K_MULTIPLE} == 0, got N={n}, K={k}"
+        )
+    served.report()
+    out = torch.empty((m, n), dtype=out_dtype, device=XQ.device)
+    workspace, semaphore = _split_k_buffers(served, m, n, XQ)
+    launch_gemm_a8w8_bpreshuffle(
+        XQ,
+        WQ,
+        x_scale,
+        w_scale,
+        out,
+        workspace,
+        semaphore,
+        tile=served.choice.tile,
+        split_k=served.choice.split_k,
+        mma=served.choice.mma,
+        stream=device.current_stream(),
+    )
+    return out
+
+
+def gemm_a8w8_blockscale(
+    XQ: torch.Tensor,
+    WQ: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_scale: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """out[M, N] = sum over 128-wide K blocks of (XQ @ WQ^T) * x_scale * w_scale per block.
+
+    XQ[M, K] and WQ[N, K] are the device's fp8 flavour; x_scale[M, K/128] scales 1x128
+    activation blocks and w_scale[N/128, K/128] 128x128 weight blocks (DeepSeek-V3 style).
+    N and K must be multiples of 128. No FlyDSL kernel exists for gfx1250 yet: untuned or
+    FlyDSL rows raise NotImplementedError there.
+    """
+    m, n, k = _validate(XQ, WQ, out_dtype, allow_int8=False)
+    block = BLOCKSCALE_BLOCK
+    if n % block or k % block:
+        raise ValueError(
+            f"gemm_a8w8_blockscale needs N and K multiples of {block}, got N={n}, K={k}"
+        )
+    _check_tensor("x_scale", x_scale, (torch.float32,), (m, k // block))
+    _check_tensor("w_scale", w_scale, (torch.float32,), (n // block, k // block))
+    key = {"N": n, "K": k}
+    served = plan("gemm_a8w8_blockscale", A8W8_BLOCKSCALE, config.BLOCKSCALE, key, m, n, k)
+    served.report()
+    if served.use_torch:
+        x = XQ.to(torch.float32) * x_scale.repeat_interleave(block, dim=1)
+        w_scale_full = w_scale.repeat_interleave(block, dim=0).repeat_interleave(block, dim=1)
+        w = WQ.to(torch.float32) * w_scale_full
+        return torch.matmul(x, w.mT).to(out_dtype)
+    out = torch.empty((m, n), dtype=out_dtype, device=XQ.device)
+    workspace, semaphore = _split_k_buffers(served, m, n, XQ)
+    launch_gemm_a8w8_blockscale(
+        XQ,
+        WQ,
+        x_scale,
+        w_scale,
+        out,
+        workspace,
+        semaphore,
+        tile=served.choice.tile,
+        split_k=served.choice.split_k,
+        mma=served.choice.mma,
+        stream=device.current_stream(),
+    )
+    return out
