@@ -147,6 +147,12 @@ def test_blockscale_has_no_wmma_kernels() -> None:
     assert str(info.value) == f"{name!r}: {BS} has no wmma kernels"
 
 
+def test_malformed_blockscale_name_on_wmma_offers_no_wmma_examples() -> None:
+    with pytest.raises(ValueError) as info:
+        config.BLOCKSCALE.parse_kernel_name("nonsense", "wmma")
+    assert f"{BS}_wmma_" not in str(info.value)
+
+
 @pytest.mark.parametrize(
     "family, mma, tile, supported",
     [
@@ -425,18 +431,26 @@ def test_blockscale_table_shape(run, m, row_m, tile, split_k, out_dtype) -> None
 @pytest.mark.parametrize(
     "entry, make_args, n, k, prefix",
     [
-        (
+        pytest.param(
             "gemm_a8w8_bpreshuffle",
             bp_args,
             64,
             128,
             "gfx942,304,{m},64,128,torch.float8_e4m3fnuz,torch,",
+            id="bpreshuffle",
         ),
-        ("gemm_a8w8_blockscale", bs_args, 128, 128, "gfx942,304,{m},128,128,torch,"),
+        pytest.param(
+            "gemm_a8w8_blockscale",
+            bs_args,
+            128,
+            128,
+            "gfx942,304,{m},128,128,torch,",
+            id="blockscale",
+        ),
     ],
 )
-@pytest.mark.parametrize("m, row_m", [(1, 1), (3, 4), (16, 16)])
-@pytest.mark.parametrize("out_dtype", [BF16, FP16])
+@pytest.mark.parametrize("m, row_m", [(1, 1), (3, 4), (16, 16)], ids=["M1", "M3", "M16"])
+@pytest.mark.parametrize("out_dtype", [BF16, FP16], ids=["bf16", "fp16"])
 def test_torch_rows(run, entry, make_args, n, k, prefix, m, row_m, out_dtype) -> None:
     out, records, requests, launches = run(
         getattr(aiter, entry), make_args, m, n, k, out_dtype=out_dtype
@@ -482,21 +496,21 @@ BP_CASES = [
         _replace(_bp_valid, 0, lambda: _t(128, dtype=FNUZ)),
         {},
         ValueError,
-        "XQ must be a 2-D tensor [M, K], got torch.Size([128])",
+        "XQ must be a 2-D tensor [M, K], got shape [128]",
         id="XQ-1d",
     ),
     pytest.param(
         _replace(_bp_valid, 0, lambda: _t(2, 4, 128, dtype=FNUZ)),
         {},
         ValueError,
-        "XQ must be a 2-D tensor [M, K], got torch.Size([2, 4, 128])",
+        "XQ must be a 2-D tensor [M, K], got shape [2, 4, 128]",
         id="XQ-3d",
     ),
     pytest.param(
         _replace(_bp_valid, 1, lambda: _t(64, 128, 1, dtype=FNUZ)),
         {},
         ValueError,
-        "WQ must be a 2-D tensor [N, K], got torch.Size([64, 128, 1])",
+        "WQ must be a 2-D tensor [N, K], got shape [64, 128, 1]",
         id="WQ-3d",
     ),
     pytest.param(
@@ -596,7 +610,8 @@ BP_CASES = [
         lambda: _bp_valid(n=72, k=128),
         {},
         ValueError,
-        "gemm_a8w8_bpreshuffle FlyDSL kernels need N % 16 == 0 and K % 64 == 0, got N=72, K=128",
+        "WQ is preshuffled in 16x16 blocks: N % 16 == 0 and K % 16 == 0 are needed, "
+        "got N=72, K=128",
         id="N-not-multiple-of-16",
     ),
     pytest.param(
@@ -613,7 +628,7 @@ BS_CASES = [
         _replace(_bs_valid, 0, lambda: _t(256, dtype=FNUZ)),
         {},
         ValueError,
-        "XQ must be a 2-D tensor [M, K], got torch.Size([256])",
+        "XQ must be a 2-D tensor [M, K], got shape [256]",
         id="XQ-1d",
     ),
     pytest.param(
@@ -829,7 +844,7 @@ def test_extra_row_with_a_lower_us_overrides_the_default(tmp_path, monkeypatch, 
     assert (record.kernel, record.row) == (f"{BP}_mfma_128x64x128", bp_row(256, 1280, 8192))
 
 
-def test_extra_row_without_us_loses_to_nothing_but_ties_go_to_it(tmp_path, monkeypatch, run):
+def test_extra_row_wins_a_tie_with_the_default(tmp_path, monkeypatch, run) -> None:
     # us empty on both the default and the extra row: the later file wins the tie.
     path = _extra_table(
         tmp_path,
@@ -856,14 +871,13 @@ def _plan_blockscale(m, n, k):
 
 
 def test_blockscale_on_gfx1250_is_not_implemented() -> None:
-    with device.simulate("gfx1250", 256), dispatch.observe() as records:
-        with pytest.raises(NotImplementedError) as info:
-            _plan_blockscale(5, 7168, 2048)
+    # No gfx1250 row in the default blockscale table: untuned, and no wmma kernel to serve it.
+    with device.simulate("gfx1250", 256), pytest.raises(NotImplementedError) as info:
+        _plan_blockscale(5, 7168, 2048)
     assert str(info.value) == (
         "gemm_a8w8_blockscale has no FlyDSL kernel for gfx1250: flydsl_a8w8_blockscale kernels "
         "exist for mfma archs, gfx1250 uses wmma"
     )
-    assert records == []
 
 
 def test_gfx1250_flydsl_blockscale_row_is_not_implemented(tmp_path, monkeypatch) -> None:
@@ -974,3 +988,18 @@ def test_shuffle_weight_errors(shape, layout, message) -> None:
         with pytest.raises(ValueError) as info:
             fn(w, layout)
         assert str(info.value) == message
+
+
+@pytest.mark.parametrize(
+    "name", ["flydsl_a8w8_bpreshuffle_mfma_016x64x128", "flydsl_a8w8_bpreshuffle_mfma_16x64x0128"]
+)
+def test_kernel_names_with_leading_zeros_are_refused(name: str) -> None:
+    with pytest.raises(ValueError, match="is not a flydsl_a8w8_bpreshuffle kernel name"):
+        config.BPRESHUFFLE.parse_kernel_name(name, "mfma")
+
+
+@pytest.mark.parametrize("entry", [entries.gemm_a8w8_bpreshuffle, entries.gemm_a8w8_blockscale])
+def test_non_tensor_inputs_are_type_errors(entry) -> None:
+    expected = pytest.raises(TypeError, match="^XQ must be a torch.Tensor, got list$")
+    with dry_run("gfx942", 304, hooks.MODE_NAME), expected:
+        entry([[0]], None, None, None)

@@ -11,6 +11,7 @@ from aiter.ops import gemm_a8w8_config as config
 from aiter.ops.flydsl.gemm_a8w8 import (
     BLOCKSCALE_BLOCK,
     BPRESHUFFLE_K_MULTIPLE,
+    BPRESHUFFLE_LAYOUT,
     BPRESHUFFLE_N_MULTIPLE,
     launch_gemm_a8w8_blockscale,
     launch_gemm_a8w8_bpreshuffle,
@@ -51,10 +52,11 @@ def _quant_dtypes(allow_int8: bool) -> tuple[torch.dtype, ...]:
 
 
 def _validate(XQ, WQ, out_dtype, allow_int8: bool) -> tuple[int, int, int]:
-    if not isinstance(XQ, torch.Tensor) or XQ.dim() != 2:
-        raise ValueError(f"XQ must be a 2-D tensor [M, K], got {getattr(XQ, 'shape', XQ)!r}")
-    if not isinstance(WQ, torch.Tensor) or WQ.dim() != 2:
-        raise ValueError(f"WQ must be a 2-D tensor [N, K], got {getattr(WQ, 'shape', WQ)!r}")
+    for name, t, dims in (("XQ", XQ, "[M, K]"), ("WQ", WQ, "[N, K]")):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 2:
+            raise ValueError(f"{name} must be a 2-D tensor {dims}, got shape {list(t.shape)}")
     m, k = XQ.shape
     n = WQ.shape[0]
     if m < 1:
@@ -97,11 +99,18 @@ def gemm_a8w8_bpreshuffle(
     m, n, k = _validate(XQ, WQ, out_dtype, allow_int8=True)
     _check_tensor("x_scale", x_scale, (torch.float32,), (m, 1))
     _check_tensor("w_scale", w_scale, (torch.float32,), (1, n))
+    layout_n, layout_k = BPRESHUFFLE_LAYOUT
+    if n % layout_n or k % layout_k:
+        raise ValueError(
+            f"WQ is preshuffled in {layout_n}x{layout_k} blocks: N % {layout_n} == 0 and "
+            f"K % {layout_k} == 0 are needed, got N={n}, K={k}"
+        )
     key = {"N": n, "K": k, "q_dtype_w": str(WQ.dtype)}
     served = plan("gemm_a8w8_bpreshuffle", A8W8_BPRESHUFFLE, config.BPRESHUFFLE, key, m, n, k)
     if served.use_torch:
         served.report()
-        acc = torch.matmul(XQ.to(torch.float32), unshuffle_weight(WQ).to(torch.float32).mT)
+        plain = unshuffle_weight(WQ, BPRESHUFFLE_LAYOUT)
+        acc = torch.matmul(XQ.to(torch.float32), plain.to(torch.float32).mT)
         return (acc * x_scale * w_scale).to(out_dtype)
     if n % BPRESHUFFLE_N_MULTIPLE or k % BPRESHUFFLE_K_MULTIPLE:
         raise ValueError(

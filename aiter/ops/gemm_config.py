@@ -41,12 +41,17 @@ class KernelFamily:
         return f"{self.prefix}_{mma}_{tile.tile_m}x{tile.tile_n}x{tile.tile_k}"
 
     def example_names(self, mma: str) -> str:
-        tiles = self.tiles.get(mma) or next(iter(self.tiles.values()))
-        return ", ".join(self.kernel_name(mma, t) for t in tiles[:2])
+        """Two real kernel names, of `mma` where the family has it, else of its first flavour."""
+        if mma not in self.tiles:
+            mma = next(iter(self.tiles))
+        return ", ".join(self.kernel_name(mma, t) for t in self.tiles[mma][:2])
 
     def parse_kernel_name(self, name: str, mma: str) -> Any:
         """The tile a kernelName names; ValueError saying what a name looks like otherwise."""
-        grammar = re.compile(rf"^{re.escape(self.prefix)}_(?P<mma>[a-z]+)_(\d+)x(\d+)x(\d+)$")
+        number = "([1-9][0-9]*)"  # written as the generator writes it: no sign, no leading 0
+        grammar = re.compile(
+            rf"^{re.escape(self.prefix)}_(?P<mma>[a-z]+)_{number}x{number}x{number}$", re.ASCII
+        )
         match = grammar.match(name.strip())
         if not match:
             raise ValueError(
