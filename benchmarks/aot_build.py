@@ -4,6 +4,8 @@ naming time per job. Prints ratios from one run; nothing here is asserted.
     .venv/bin/python benchmarks/aot_build.py [--module aiter.aot.flydsl.gemm] [-j 2]
         [--table DIR_WITH_TABLES] [--archs "gfx942;gfx950;gfx1250"]
 
+- per arch: jobs, unique kernels, kernel sets compiled, the arch process's time fresh and over
+  a complete cache, the sum of its compile times and the peak memory of a compile worker;
 - fresh build: wall time of a build into an empty cache, against the sum of the compile
   times of the kernel sets it built divided by the workers used (pure compiling);
 - rebuild: a build over the complete cache, as a fraction of the fresh build;
@@ -64,17 +66,22 @@ def main() -> None:
         list_wall, listed = run(args.module, ["--list", *common], env)
 
     print(f"module {args.module}, {args.workers} workers")
-    print(f"{'arch':<8} {'jobs':>5} {'sets':>5} {'kernels':>8} {'compile s':>10} {'peak MB':>8}")
+    print(
+        f"{'arch':<8} {'jobs':>5} {'kernels':>8} {'sets':>5} {'fresh s':>8} {'compile s':>10}"
+        f" {'rebuild s':>10} {'peak MB/worker':>15}"
+    )
     compile_sum = 0.0
-    for report in fresh:
+    for report, again in zip(fresh, rebuild, strict=True):
         sets = report["compiles"]
-        kernels = {f for c in sets for f in c.get("compiled", [])}
+        kernels = {
+            k["file"] for r in report["results"] for s in r["segments"] for k in s["kernels"]
+        }
         seconds = sum(c.get("seconds", 0.0) for c in sets)
         peak = max((c.get("peak_rss_mb", 0.0) for c in sets), default=0.0)
         compile_sum += seconds
         print(
-            f"{report['arch']:<8} {len(report['results']):>5} {len(sets):>5} {len(kernels):>8}"
-            f" {seconds:>10.1f} {peak:>8.0f}"
+            f"{report['arch']:<8} {len(report['results']):>5} {len(kernels):>8} {len(sets):>5}"
+            f" {report['seconds']:>8.1f} {seconds:>10.1f} {again['seconds']:>10.1f} {peak:>15.0f}"
         )
     pure = compile_sum / args.workers
     jobs = sum(len(r["results"]) for r in listed)

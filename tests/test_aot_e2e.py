@@ -32,6 +32,13 @@ ROWS = [
 def setup(tmp_path_factory):
     tables = tmp_path_factory.mktemp("tables")
     (tables / "bf16_tuned_gemm.csv").write_text("\n".join([HEADER, *ROWS]) + "\n")
+    # The other GEMM tables exist and are empty: this test is about the bf16 family.
+    (tables / "a8w8_bpreshuffle_tuned_gemm.csv").write_text(
+        "gfx,cu_num,M,N,K,q_dtype_w,libtype,kernelId,splitK,us,kernelName\n"
+    )
+    (tables / "a8w8_blockscale_tuned_gemm.csv").write_text(
+        "gfx,cu_num,M,N,K,libtype,kernelId,splitK,us,kernelName\n"
+    )
     env = {"AITER_CONFIG_DIR": str(tables), "GPU_ARCHS": "gfx942;gfx1250"}
     return env, tmp_path_factory.mktemp("cache")
 
