@@ -73,15 +73,30 @@ def _validate(XQ, WQ, out_dtype, allow_int8: bool) -> tuple[int, int, int]:
     return m, n, k
 
 
-def _split_k_buffers(served: Plan, m: int, n: int, like: torch.Tensor):
+def _launch(launcher, served: Plan, XQ, WQ, x_scale, w_scale, out_dtype) -> torch.Tensor:
+    """Allocate the output and, for split-K, the workspace and semaphore; launch the kernel."""
     choice = served.choice
-    if choice.split_k == 1:
-        return None, None
-    workspace = torch.empty((choice.split_k, m, n), dtype=WORKSPACE_DTYPE, device=like.device)
-    semaphore = torch.zeros(
-        (semaphore_size(m, n, choice.tile),), dtype=SEMAPHORE_DTYPE, device=like.device
+    m, n = XQ.shape[0], WQ.shape[0]
+    out = torch.empty((m, n), dtype=out_dtype, device=XQ.device)
+    workspace = semaphore = None
+    if choice.split_k > 1:
+        workspace = torch.empty((choice.split_k, m, n), dtype=WORKSPACE_DTYPE, device=XQ.device)
+        slots = semaphore_size(m, n, choice.tile)
+        semaphore = torch.zeros((slots,), dtype=SEMAPHORE_DTYPE, device=XQ.device)
+    launcher(
+        XQ,
+        WQ,
+        x_scale,
+        w_scale,
+        out,
+        workspace,
+        semaphore,
+        tile=choice.tile,
+        split_k=choice.split_k,
+        mma=choice.mma,
+        stream=device.current_stream(),
     )
-    return workspace, semaphore
+    return out
 
 
 def gemm_a8w8_bpreshuffle(
@@ -118,22 +133,7 @@ def gemm_a8w8_bpreshuffle(
             f"K % {BPRESHUFFLE_K_MULTIPLE} == 0, got N={n}, K={k}"
         )
     served.report()
-    out = torch.empty((m, n), dtype=out_dtype, device=XQ.device)
-    workspace, semaphore = _split_k_buffers(served, m, n, XQ)
-    launch_gemm_a8w8_bpreshuffle(
-        XQ,
-        WQ,
-        x_scale,
-        w_scale,
-        out,
-        workspace,
-        semaphore,
-        tile=served.choice.tile,
-        split_k=served.choice.split_k,
-        mma=served.choice.mma,
-        stream=device.current_stream(),
-    )
-    return out
+    return _launch(launch_gemm_a8w8_bpreshuffle, served, XQ, WQ, x_scale, w_scale, out_dtype)
 
 
 def gemm_a8w8_blockscale(
@@ -166,19 +166,4 @@ def gemm_a8w8_blockscale(
         w_scale_full = w_scale.repeat_interleave(block, dim=0).repeat_interleave(block, dim=1)
         w = WQ.to(torch.float32) * w_scale_full
         return torch.matmul(x, w.mT).to(out_dtype)
-    out = torch.empty((m, n), dtype=out_dtype, device=XQ.device)
-    workspace, semaphore = _split_k_buffers(served, m, n, XQ)
-    launch_gemm_a8w8_blockscale(
-        XQ,
-        WQ,
-        x_scale,
-        w_scale,
-        out,
-        workspace,
-        semaphore,
-        tile=served.choice.tile,
-        split_k=served.choice.split_k,
-        mma=served.choice.mma,
-        stream=device.current_stream(),
-    )
-    return out
+    return _launch(launch_gemm_a8w8_blockscale, served, XQ, WQ, x_scale, w_scale, out_dtype)

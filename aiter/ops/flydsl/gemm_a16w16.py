@@ -4,7 +4,6 @@ inputs: MFMA for gfx942/gfx950, WMMA for gfx1250, and a split-K reduction kernel
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import flydsl.compiler as flyc
@@ -33,28 +32,15 @@ from .gemm_a16w16_index import (
     wave_origin,
     workspace_offset,
 )
+from .tiles import GemmTile, tile_grid
 
 if TYPE_CHECKING:
     import torch
 
 
-@dataclass(frozen=True)
-class GemmTile:
-    """One compile-time tile configuration: C rows, C columns and K depth per block
-    per main-loop iteration."""
-
-    tile_m: int
-    tile_n: int
-    tile_k: int
-
-
-def _tiles(ms: tuple[int, ...], ns: tuple[int, ...], ks: tuple[int, ...]) -> tuple[GemmTile, ...]:
-    return tuple(GemmTile(m, n, k) for m in ms for n in ns for k in ks)
-
-
 SUPPORTED_TILES: dict[str, tuple[GemmTile, ...]] = {
-    "mfma": _tiles((16, 32, 64, 128), (64, 128), (32, 64)),
-    "wmma": _tiles((16, 32, 64, 128), (64, 128), (32, 64)),
+    "mfma": tile_grid((16, 32, 64, 128), (64, 128), (32, 64)),
+    "wmma": tile_grid((16, 32, 64, 128), (64, 128), (32, 64)),
 }
 MMA_FLAVOURS = tuple(SUPPORTED_TILES)
 N_MULTIPLE = 1

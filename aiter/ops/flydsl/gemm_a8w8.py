@@ -4,7 +4,6 @@ per token and channel (preshuffled WQ) or per 128-block (DeepSeek-V3), split-K i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import flydsl.compiler as flyc
@@ -43,29 +42,18 @@ from .gemm_a8w8_index import (
     workspace_offset,
     x_scale_offset,
 )
+from .tiles import GemmTile, tile_grid
 
-
-@dataclass(frozen=True)
-class A8W8Tile:
-    """One compile-time tile configuration: C rows, C columns and K depth per block per
-    main-loop iteration."""
-
-    tile_m: int
-    tile_n: int
-    tile_k: int
-
-
-def _tiles(ms: tuple[int, ...], ns: tuple[int, ...], ks: tuple[int, ...]) -> tuple[A8W8Tile, ...]:
-    return tuple(A8W8Tile(m, n, k) for m in ms for n in ns for k in ks)
+A8W8Tile = GemmTile  # the a8w8 kernels take the same tiles
 
 
 BPRESHUFFLE_TILES: dict[str, tuple[A8W8Tile, ...]] = {
-    "mfma": _tiles((16, 32, 64, 128), (64, 128), (64, 128)),
-    "wmma": _tiles((16, 32, 64, 128), (64, 128), (64, 128)),
+    "mfma": tile_grid((16, 32, 64, 128), (64, 128), (64, 128)),
+    "wmma": tile_grid((16, 32, 64, 128), (64, 128), (64, 128)),
 }
 # One scale block per main-loop iteration; there is no gfx1250 (WMMA) blockscale kernel.
 BLOCKSCALE_TILES: dict[str, tuple[A8W8Tile, ...]] = {
-    "mfma": _tiles((16, 32, 64, 128), (64, 128), (SCALE_BLOCK,)),
+    "mfma": tile_grid((16, 32, 64, 128), (64, 128), (SCALE_BLOCK,)),
 }
 MMA_FLAVOURS = ("mfma", "wmma")
 BPRESHUFFLE_K_MULTIPLE = K_BLOCK
