@@ -105,3 +105,15 @@ def test_missing_csv_is_a_usage_error(tag_env, tmp_path):
     proc = run_aot(MODULE, "--list", "--csv", str(tmp_path / "nope.csv"), env=env)
     assert proc.returncode == 2
     assert "nope.csv: no such file" in proc.stderr
+
+
+def test_naming_in_parallel_matches_serial(tag_env):
+    env, cache = tag_env
+
+    def job_lines(workers: str) -> list[str]:
+        proc = run_aot(MODULE, "--list", "--cache-dir", str(cache), "-j", workers, env=env)
+        return [line for line in proc.stdout.splitlines() if not line.startswith("summary")]
+
+    serial, parallel = job_lines("1"), job_lines("3")
+    assert serial == parallel
+    assert len(serial) > 7

@@ -120,10 +120,9 @@ def _replayed_ranges(job: Job, limit: int) -> tuple[list[tuple[int, int]], str |
     return ranges, refused
 
 
-def _name_job(job: Job, limit: int) -> dict[str, Any]:
-    from aiter.aot.flydsl.bisection import segments
-
-    result: dict[str, Any] = {
+def _job_result(job: Job) -> dict[str, Any]:
+    """A job's report before naming: where it comes from, no segments yet."""
+    return {
         "job": job.describe(),
         "table": job.table,
         "row": job.row,
@@ -135,6 +134,12 @@ def _name_job(job: Job, limit: int) -> dict[str, Any]:
         "segments": [],
         "message": "",
     }
+
+
+def _name_job(job: Job, limit: int) -> dict[str, Any]:
+    from aiter.aot.flydsl.bisection import segments
+
+    result = _job_result(job)
     ranges, refused = _replayed_ranges(job, limit)
     requests: dict[tuple[str, str], Any] = {}
     backends: set[str] = set()
@@ -216,6 +221,44 @@ def _plan_compiles(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return tasks
 
 
+def _name_chunk(jobs: list[Job], indices: list[int], limit: int, arch: str) -> list[dict]:
+    results = []
+    for index in indices:
+        results.append(_name_job(jobs[index], limit))
+        _progress(
+            f"[{arch}] named job {index + 1}/{len(jobs)}: {results[-1]['tag']} {jobs[index].describe()}"
+        )
+    return results
+
+
+def _name_jobs(jobs: list[Job], limit: int, workers: int, arch: str) -> list[dict[str, Any]]:
+    """Name every job's kernels; with several workers, in forked children after a warm-up.
+
+    The first job is named here, so imports, FakeTensorMode and FlyDSL's per-function state
+    are ready before the fork; the rest is dealt out round-robin and put back in order.
+    """
+    from aiter.aot.flydsl.workers import run_forked
+
+    if not jobs:
+        return []
+    first = _name_chunk(jobs, [0], limit, arch)
+    rest = list(range(1, len(jobs)))
+    if workers == 1 or len(rest) < 2 * workers:
+        return first + _name_chunk(jobs, rest, limit, arch)
+    chunks = [rest[i::workers] for i in range(workers)]
+    outcomes = run_forked(chunks, lambda chunk: _name_chunk(jobs, chunk, limit, arch), workers)
+    results: list[dict[str, Any] | None] = [first[0]] + [None] * len(rest)
+    for chunk, outcome in zip(chunks, outcomes, strict=True):
+        if not outcome.ok:  # every job of a dead worker fails; the others stand
+            for index in chunk:
+                message = f"naming worker: {outcome.error}"
+                results[index] = {**_job_result(jobs[index]), "tag": FAIL, "message": message}
+            continue
+        for index, result in zip(chunk, outcome.result, strict=True):
+            results[index] = result
+    return results
+
+
 def replay_arch(
     family: Family, arch: str, cu_nums: frozenset[int] | None, mode: str, workers: int
 ) -> dict[str, Any]:
@@ -229,12 +272,7 @@ def replay_arch(
     jobs: list[Job] = []
     for spec in family.tables:
         jobs += family.make_jobs(spec, spec.load(), arch, cu_nums)
-    results = []
-    for job in jobs:
-        results.append(_name_job(job, family.inbetween_limit))
-        _progress(
-            f"[{arch}] named {len(results)}/{len(jobs)} {results[-1]['tag']} {job.describe()}"
-        )
+    results = _name_jobs(jobs, family.inbetween_limit, workers, arch)
     naming_seconds = time.perf_counter() - start
 
     compile_outcomes: list[dict[str, Any]] = []
