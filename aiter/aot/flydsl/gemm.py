@@ -10,7 +10,8 @@ import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from aiter.aot.flydsl.replay import Family, Job, main
+from aiter.aot.flydsl.driver import main
+from aiter.aot.flydsl.jobs import Family, Job
 from aiter.ops.tables import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16, TableSpec
 from aiter.tuning import Row, TableError, TunedTable
 
