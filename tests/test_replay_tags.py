@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -117,3 +118,24 @@ def test_naming_in_parallel_matches_serial(tag_env):
     serial, parallel = job_lines("1"), job_lines("3")
     assert serial == parallel
     assert len(serial) > 7
+
+
+def test_no_linker_is_a_usage_error(tag_env, tmp_path):
+    env, cache = tag_env
+    site = tmp_path / "site"
+    site.mkdir()
+    # A machine without ziglang: importing it fails in every process.
+    (site / "sitecustomize.py").write_text("import sys\nsys.modules['ziglang'] = None\n")
+    bare = {
+        **env,
+        "PATH": str(tmp_path),  # no ld.lld on PATH
+        "ROCM_PATH": str(tmp_path / "no-rocm"),
+        "PYTHONPATH": str(site),
+        "AITER_LLD_SHIM_DIR": str(tmp_path / "shim"),
+    }
+    if Path("/opt/rocm/llvm/bin/ld.lld").exists():
+        pytest.skip("this machine has ROCm's ld.lld in /opt/rocm, which is always found")
+    proc = run_aot(MODULE, "--cache-dir", str(cache), env=bare)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "no AMDGPU-capable ld.lld was found" in proc.stderr
+    assert "pip install ziglang" in proc.stderr
