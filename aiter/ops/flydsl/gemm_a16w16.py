@@ -15,22 +15,28 @@ from .gemm_a16w16_index import (
     REDUCE_BLOCK,
     WAVE_SIZE,
     WAVES_PER_BLOCK,
-    acc_rows_per_lane,
-    block_origin,
-    c_coord,
     c_offset,
     grid_size,
     in_bounds,
     k_loop_counts,
     k_run,
-    mma_repeats,
     operand_offset,
-    operand_row,
     reduce_element,
     reduce_grid_size,
     split_k_range,
-    wave_origin,
-    workspace_offset,
+)
+from .gemm_common import (
+    Tile,
+    check_mma,
+    check_tile_and_split_k,
+    clamp,
+    coord,
+    k_blocks,
+    load_run,
+    row_loader,
+    to_stream,
+    ws_offset,
+    zero_accs,
 )
 from .tiles import GemmTile, tile_grid
 
@@ -49,11 +55,6 @@ BIAS_DTYPE_RULE = "same dtype as out"
 
 # Both flavours load each lane's MMA operands straight from global memory (a contiguous K run
 # of one A row and of one B row per lane), so the kernels use no LDS and no barrier.
-
-
-def _load_run(base, offset, length: int, dtype):
-    """Load `length` contiguous elements starting at base + offset as one vector."""
-    return fx.ptr_load(base + offset, result_type=fx.Vector.make_type(length, dtype))
 
 
 def _sub_vector(vec, start: int, length: int):
@@ -84,36 +85,20 @@ def _mma(flavour: str, in_dtype, a_run, b_run, acc):
     return fx.Vector(op(acc_ty, a_run.ir_value(), b_run.ir_value(), acc.ir_value()).result)
 
 
-def _k_blocks(
-    flavour, in_dtype, pa, pb, a_rows, b_rows, k, kb0, count: int, lane, accs, reps_m, reps_n
-):
+def _k_blocks(flavour, in_dtype, pa, pb, a_rows, b_rows, k, kb0, count: int, lane, accs):
     """Run `count` consecutive k-blocks starting at kb0 over all MMA tiles of a wave."""
     wsz = WAVE_SIZE[flavour]
     run = k_run(wsz)
-    kb0 = fx.Int64(kb0)
-    a_runs = []
-    b_runs = []
-    # Issue every load of the step before the first MMA so they overlap.
-    for kb in range_constexpr(count):
-        a_runs.append(
-            [
-                _load_run(pa, operand_offset(a_rows[i], k, kb0 + kb, lane, wsz), run, in_dtype)
-                for i in range_constexpr(reps_m)
-            ]
-        )
-        b_runs.append(
-            [
-                _load_run(pb, operand_offset(b_rows[j], k, kb0 + kb, lane, wsz), run, in_dtype)
-                for j in range_constexpr(reps_n)
-            ]
-        )
-    accs = list(accs)
-    for kb in range_constexpr(count):
-        for i in range_constexpr(reps_m):
-            for j in range_constexpr(reps_n):
-                t = i * reps_n + j
-                accs[t] = _mma(flavour, in_dtype, a_runs[kb][i], b_runs[kb][j], accs[t])
-    return accs
+    return k_blocks(
+        lambda a_run, b_run, acc: _mma(flavour, in_dtype, a_run, b_run, acc),
+        row_loader(pa, operand_offset, k, lane, wsz, run, in_dtype),
+        row_loader(pb, operand_offset, k, lane, wsz, run, in_dtype),
+        a_rows,
+        b_rows,
+        kb0,
+        count,
+        accs,
+    )
 
 
 @flyc.kernel
@@ -134,29 +119,12 @@ def gemm_a16w16_kernel(
 ):
     """One block computes a tile_m x tile_n tile of C (or of split `block_idx.z`'s partial
     when split_k > 1, then `c` is the fp32 workspace and has_bias is False)."""
-    wsz = WAVE_SIZE[mma]
-    reps_m, reps_n = mma_repeats(tile_m, tile_n)
-    rows_per_lane = acc_rows_per_lane(wsz)
-    in_dtype = a.dtype
-
-    tid = fx.thread_idx.x
-    wave = tid // wsz
-    lane = tid % wsz
+    # block_idx.z is read before Tile reads block_idx.y and .x, as the kernel always did.
     split = fx.block_idx.z
-    origin_m, origin_n = block_origin(fx.block_idx.y, fx.block_idx.x, tile_m, tile_n)
-    wave_m, wave_n = wave_origin(wave, tile_m, tile_n)
-
-    # Rows past M (columns past N) read the last valid row instead; their results are
-    # dropped by the store predicate, so the clamp only keeps loads in bounds.
+    tile = Tile(mma, tile_m, tile_n, m, n)
+    in_dtype = a.dtype
     k64 = fx.Int64(k)
-    a_rows = []
-    for i in range_constexpr(reps_m):
-        r = operand_row(origin_m, wave_m, i, lane)
-        a_rows.append(fx.Int64((r < m).select(r, m - 1)))
-    b_rows = []
-    for j in range_constexpr(reps_n):
-        r = operand_row(origin_n, wave_n, j, lane)
-        b_rows.append(fx.Int64((r < n).select(r, n - 1)))
+    a_rows, b_rows = tile.operand_rows()
 
     pa = fx.get_iter(a)
     pb = fx.get_iter(b)
@@ -164,56 +132,35 @@ def gemm_a16w16_kernel(
     blocks_per_iter = tile_k // K_BLOCK
     iters, tail_begin = k_loop_counts(kb_begin, kb_end, blocks_per_iter)
 
-    zero = fx.Vector.filled(rows_per_lane, 0.0, fx.Float32)
-    accs = [zero for _ in range_constexpr(reps_m * reps_n)]
+    accs = zero_accs(tile.reps_m * tile.reps_n, tile.rows_per_lane, fx.Float32)
     # Runtime loops; `accs` is reassigned in the body, so it is carried across iterations.
     for it in range(fx.Int32(0), iters, fx.Int32(1)):
         accs = _k_blocks(
-            mma,
-            in_dtype,
-            pa,
-            pb,
-            a_rows,
-            b_rows,
-            k64,
-            kb_begin + it * blocks_per_iter,
-            blocks_per_iter,
-            lane,
-            accs,
-            reps_m,
-            reps_n,
-        )
+            mma, in_dtype, pa, pb, a_rows, b_rows, k64,
+            kb_begin + it * blocks_per_iter, blocks_per_iter, tile.lane, accs,
+        )  # fmt: skip
     if const_expr(blocks_per_iter > 1):
         # Fewer than blocks_per_iter k-blocks are left over: one block per iteration.
         for kb in range(tail_begin, kb_end, fx.Int32(1)):
-            accs = _k_blocks(
-                mma, in_dtype, pa, pb, a_rows, b_rows, k64, kb, 1, lane, accs, reps_m, reps_n
-            )
+            accs = _k_blocks(mma, in_dtype, pa, pb, a_rows, b_rows, k64, kb, 1, tile.lane, accs)
 
     pc = fx.get_iter(c)
     out_dtype = c.dtype
-    for j in range_constexpr(reps_n):
+    for j in range_constexpr(tile.reps_n):
         if const_expr(has_bias):
-            _, col = c_coord(origin_m, origin_n, wave_m, wave_n, 0, j, lane, 0, wsz)
-            safe_col = (col < n).select(col, n - 1)
-            bias_val = _load_run(fx.get_iter(bias), fx.Int64(safe_col), 1, bias.dtype)
+            _, col = coord(tile, 0, j, 0)
+            bias_val = load_run(fx.get_iter(bias), fx.Int64(clamp(col, n)), 1, bias.dtype)
             bias_f32 = bias_val.to(fx.Float32)[0]
-        for i in range_constexpr(reps_m):
-            acc = accs[i * reps_n + j]
+        for i in range_constexpr(tile.reps_m):
+            acc = accs[i * tile.reps_n + j]
             if const_expr(has_bias):
                 acc = acc + bias_f32
             vals = acc.to(out_dtype)
-            for e in range_constexpr(rows_per_lane):
-                row, col = c_coord(origin_m, origin_n, wave_m, wave_n, i, j, lane, e, wsz)
+            for e in range_constexpr(tile.rows_per_lane):
+                row, col = coord(tile, i, j, e)
                 if in_bounds(row, col, m, n):
                     if const_expr(split_k > 1):
-                        off = workspace_offset(
-                            fx.Int64(split),
-                            fx.Int64(row),
-                            fx.Int64(col),
-                            fx.Int64(m),
-                            fx.Int64(n),
-                        )
+                        off = ws_offset(tile, split, row, col)
                     else:
                         off = c_offset(fx.Int64(row), fx.Int64(col), fx.Int64(n))
                     fx.ptr_store(vals[e], pc + off)
@@ -257,13 +204,11 @@ def gemm_a16w16_splitk_reduce_kernel(
     if idx < m * n:
         pws = fx.get_iter(ws)
         plane = fx.Int64(m) * fx.Int64(n)
-        total = _load_run(pws, fx.Int64(idx), 1, fx.Float32)
+        total = load_run(pws, fx.Int64(idx), 1, fx.Float32)
         for s in range_constexpr(1, split_k):
-            total = total + _load_run(pws, plane * s + fx.Int64(idx), 1, fx.Float32)
+            total = total + load_run(pws, plane * s + fx.Int64(idx), 1, fx.Float32)
         if const_expr(has_bias):
-            total = total + _load_run(fx.get_iter(bias), fx.Int64(col), 1, bias.dtype).to(
-                fx.Float32
-            )
+            total = total + load_run(fx.get_iter(bias), fx.Int64(col), 1, bias.dtype).to(fx.Float32)
         fx.ptr_store(total.to(out.dtype)[0], fx.get_iter(out) + fx.Int64(idx))
 
 
@@ -318,13 +263,8 @@ def launch_gemm_a16w16(
     - a, b, bias, out and workspace may be CPU tensors or FakeTensors when COMPILE_ONLY=1:
       the kernels compile and nothing runs.
     """
-    if mma not in SUPPORTED_TILES:
-        raise ValueError(f"mma: expected one of {MMA_FLAVOURS}, got {mma!r}")
-    if tile not in SUPPORTED_TILES[mma]:
-        supported = ", ".join(f"{t.tile_m}x{t.tile_n}x{t.tile_k}" for t in SUPPORTED_TILES[mma])
-        raise ValueError(f"tile: {tile} is not supported for mma={mma!r}; supported: {supported}")
-    if not isinstance(split_k, int) or isinstance(split_k, bool) or split_k < 1:
-        raise ValueError(f"split_k: expected an int >= 1, got {split_k!r}")
+    check_mma(mma, MMA_FLAVOURS)
+    check_tile_and_split_k(SUPPORTED_TILES, tile, split_k, mma)
     if split_k > 1 and workspace is None:
         raise ValueError("workspace: expected an fp32 [split_k, M, N] tensor when split_k > 1")
     m, k = (int(d) for d in a.shape)
@@ -340,7 +280,7 @@ def launch_gemm_a16w16(
     has_bias = bias is not None
     # Without a bias the kernel never reads its bias argument; `out` stands in for it.
     bias_arg = bias if has_bias else out
-    fx_stream = stream if isinstance(stream, fx.Stream) else fx.Stream(stream)
+    fx_stream = to_stream(stream)
     common = dict(tile_m=tile.tile_m, tile_n=tile.tile_n, tile_k=tile.tile_k, split_k=split_k)
     if split_k == 1:
         gemm_a16w16(

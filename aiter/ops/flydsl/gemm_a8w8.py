@@ -20,10 +20,7 @@ from .gemm_a8w8_index import (
     WAVE_SIZE,
     WAVES_PER_BLOCK,
     a_offset,
-    acc_rows_per_lane,
     b_chunk_offset,
-    block_origin,
-    c_coord,
     c_offset,
     chunks_per_run,
     grid_size,
@@ -31,16 +28,25 @@ from .gemm_a8w8_index import (
     is_last_arrival,
     k_loop_counts,
     k_run,
-    mma_repeats,
     mma_steps,
     num_tiles,
-    operand_row,
     semaphore_slot,
     split_k_range,
     w_scale_offset,
-    wave_origin,
-    workspace_offset,
     x_scale_offset,
+)
+from .gemm_common import (
+    Tile,
+    check_mma,
+    check_tile_and_split_k,
+    clamp,
+    coord,
+    k_blocks,
+    load_run,
+    row_loader,
+    to_stream,
+    ws_offset,
+    zero_accs,
 )
 from .tiles import GemmTile, tile_grid
 
@@ -129,16 +135,6 @@ def unshuffle_weight(w: torch.Tensor, layout: tuple[int, int] = (16, 16)) -> tor
 # runtime loop: FlyDSL rewrites those into scf ops only inside the kernel function itself.
 
 
-def _load(base, offset, length: int, dtype):
-    """Load `length` contiguous elements starting at base + offset as one vector."""
-    return fx.ptr_load(base + offset, result_type=fx.Vector.make_type(length, dtype))
-
-
-def _clamp(index, bound):
-    """index, or bound - 1 past the end: loads stay in bounds, the store predicate drops them."""
-    return (index < bound).select(index, bound - 1)
-
-
 def _acc_dtype(in_dtype):
     return fx.Int32 if const_expr(in_dtype == fx.Int8) else fx.Float32
 
@@ -171,9 +167,9 @@ def _mma(mma: str, in_dtype, a_run, b_run, acc):
 def _load_b_run(pb, row, k, kb, lane, wsz: int, shuffled: bool, dtype):
     """A lane's K run of weight row `row` in k-block kb (preshuffled or row-major WQ)."""
     if const_expr(not shuffled):
-        return _load(pb, a_offset(row, k, kb, lane, wsz), k_run(wsz), dtype)
+        return load_run(pb, a_offset(row, k, kb, lane, wsz), k_run(wsz), dtype)
     parts = [
-        _load(pb, b_chunk_offset(row, k, kb, lane, wsz, c), SHUFFLE_K, dtype)
+        load_run(pb, b_chunk_offset(row, k, kb, lane, wsz, c), SHUFFLE_K, dtype)
         for c in range_constexpr(chunks_per_run(wsz))
     ]
     run = parts[0]
@@ -185,85 +181,19 @@ def _load_b_run(pb, row, k, kb, lane, wsz: int, shuffled: bool, dtype):
 def _k_blocks(mma, in_dtype, shuffled, pa, pb, a_rows, b_rows, k, kb0, count: int, lane, accs):
     """Run `count` consecutive k-blocks starting at kb0 over all MMA tiles of a wave."""
     wsz = WAVE_SIZE[mma]
-    reps_m, reps_n = len(a_rows), len(b_rows)
-    kb0 = fx.Int64(kb0)
-    a_runs = []
-    b_runs = []
-    # Issue every load of the step before the first MMA so they overlap.
-    for kb in range_constexpr(count):
-        a_runs.append(
-            [
-                _load(pa, a_offset(a_rows[i], k, kb0 + kb, lane, wsz), k_run(wsz), in_dtype)
-                for i in range_constexpr(reps_m)
-            ]
-        )
-        b_runs.append(
-            [
-                _load_b_run(pb, b_rows[j], k, kb0 + kb, lane, wsz, shuffled, in_dtype)
-                for j in range_constexpr(reps_n)
-            ]
-        )
-    accs = list(accs)
-    for kb in range_constexpr(count):
-        for i in range_constexpr(reps_m):
-            for j in range_constexpr(reps_n):
-                t = i * reps_n + j
-                accs[t] = _mma(mma, in_dtype, a_runs[kb][i], b_runs[kb][j], accs[t])
-    return accs
-
-
-def _zero_accs(count: int, rows_per_lane: int, dtype):
-    zero = fx.Vector.filled(rows_per_lane, 0, dtype)
-    return [zero for _ in range_constexpr(count)]
-
-
-class _Tile:
-    """Where one lane's accumulator elements live in C (compile-time shape, runtime origin)."""
-
-    def __init__(self, mma: str, tile_m: int, tile_n: int, m, n):
-        self.wsz = WAVE_SIZE[mma]
-        self.reps_m, self.reps_n = mma_repeats(tile_m, tile_n)
-        self.rows_per_lane = acc_rows_per_lane(self.wsz)
-        tid = fx.thread_idx.x
-        self.tid = tid
-        self.lane = tid % self.wsz
-        wave = tid // self.wsz
-        self.origin_m, self.origin_n = block_origin(fx.block_idx.y, fx.block_idx.x, tile_m, tile_n)
-        self.wave_m, self.wave_n = wave_origin(wave, tile_m, tile_n)
-        self.m = m
-        self.n = n
-
-    def operand_rows(self):
-        """(clamped XQ rows, clamped WQ rows) whose K runs this lane loads, as Int64."""
-        a_rows = [
-            fx.Int64(_clamp(operand_row(self.origin_m, self.wave_m, i, self.lane), self.m))
-            for i in range_constexpr(self.reps_m)
-        ]
-        b_rows = [
-            fx.Int64(_clamp(operand_row(self.origin_n, self.wave_n, j, self.lane), self.n))
-            for j in range_constexpr(self.reps_n)
-        ]
-        return a_rows, b_rows
-
-
-def _coord(tile: _Tile, i: int, j: int, e: int):
-    """(row, column) of C held by accumulator element e of the lane in MMA tile (i, j).
-
-    A function rather than a method: a method call inside a dynamic `if` makes FlyDSL's AST
-    rewriter carry the object through the scf.if, which a plain Python object cannot be.
-    """
-    return c_coord(
-        tile.origin_m, tile.origin_n, tile.wave_m, tile.wave_n, i, j, tile.lane, e, tile.wsz
+    return k_blocks(
+        lambda a_run, b_run, acc: _mma(mma, in_dtype, a_run, b_run, acc),
+        row_loader(pa, a_offset, k, lane, wsz, k_run(wsz), in_dtype),
+        lambda row, kb: _load_b_run(pb, row, k, kb, lane, wsz, shuffled, in_dtype),
+        a_rows,
+        b_rows,
+        kb0,
+        count,
+        accs,
     )
 
 
-def _ws_offset(tile: _Tile, split, row, col):
-    return workspace_offset(
-        fx.Int64(split), fx.Int64(row), fx.Int64(col), fx.Int64(tile.m), fx.Int64(tile.n)
-    )
-
-
-def _add_partials(tile: _Tile, workspace, split, totals):
+def _add_partials(tile: Tile, workspace, split, totals):
     """totals + workspace[split] at the lane's elements (clamped: past-the-end ones are dropped)."""
     pws = fx.get_iter(workspace)
     totals = list(totals)
@@ -271,34 +201,34 @@ def _add_partials(tile: _Tile, workspace, split, totals):
         for j in range_constexpr(tile.reps_n):
             elems = []
             for e in range_constexpr(tile.rows_per_lane):
-                row, col = _coord(tile, i, j, e)
-                off = _ws_offset(tile, split, _clamp(row, tile.m), _clamp(col, tile.n))
-                elems.append(_load(pws, off, 1, fx.Float32)[0])
+                row, col = coord(tile, i, j, e)
+                off = ws_offset(tile, split, clamp(row, tile.m), clamp(col, tile.n))
+                elems.append(load_run(pws, off, 1, fx.Float32)[0])
             t = i * tile.reps_n + j
             totals[t] = totals[t] + fx.Vector.from_elements(elems, fx.Float32)
     return totals
 
 
-def _row_scales(tile: _Tile, i: int, pxs, kb, num_scale_kb):
+def _row_scales(tile: Tile, i: int, pxs, kb, num_scale_kb):
     """[rows_per_lane] vector of x_scale values of the lane's rows in MMA repeat i."""
     elems = []
     for e in range_constexpr(tile.rows_per_lane):
-        row, _ = _coord(tile, i, 0, e)
-        off = x_scale_offset(fx.Int64(_clamp(row, tile.m)), kb, num_scale_kb)
-        elems.append(_load(pxs, off, 1, fx.Float32)[0])
+        row, _ = coord(tile, i, 0, e)
+        off = x_scale_offset(fx.Int64(clamp(row, tile.m)), kb, num_scale_kb)
+        elems.append(load_run(pxs, off, 1, fx.Float32)[0])
     return fx.Vector.from_elements(elems, fx.Float32)
 
 
-def _col_scale(tile: _Tile, j: int, pws, kb, num_scale_kb, per_block: bool):
+def _col_scale(tile: Tile, j: int, pws, kb, num_scale_kb, per_block: bool):
     """w_scale of the lane's column in MMA repeat j (scalar fp32): w_scale[col // 128, kb] for
     128x128 weight blocks, else the per-channel w_scale[0, col]."""
-    _, col = _coord(tile, 0, j, 0)
-    col = fx.Int64(_clamp(col, tile.n))
+    _, col = coord(tile, 0, j, 0)
+    col = fx.Int64(clamp(col, tile.n))
     off = w_scale_offset(col, kb, num_scale_kb) if const_expr(per_block) else col
-    return _load(pws, off, 1, fx.Float32)[0]
+    return load_run(pws, off, 1, fx.Float32)[0]
 
 
-def _scale_per_token_channel(tile: _Tile, values, x_scale, w_scale):
+def _scale_per_token_channel(tile: Tile, values, x_scale, w_scale):
     """values * x_scale[row] * w_scale[col] (bpreshuffle epilogue; scales [M, 1] and [1, N])."""
     pxs = fx.get_iter(x_scale)
     pws = fx.get_iter(w_scale)
@@ -314,7 +244,7 @@ def _scale_per_token_channel(tile: _Tile, values, x_scale, w_scale):
 
 def _scale_block(tile, mma, in_dtype, pa, pb, pxs, pws, a_rows, b_rows, k, sb, num_sb, accs):
     """accs + (XQ @ WQ^T over scale block sb) * x_scale[row, sb] * w_scale[col // 128, sb]."""
-    partial = _zero_accs(len(accs), tile.rows_per_lane, fx.Float32)
+    partial = zero_accs(len(accs), tile.rows_per_lane, fx.Float32)
     partial = _k_blocks(
         mma, in_dtype, False, pa, pb, a_rows, b_rows, k,
         sb * K_BLOCKS_PER_SCALE_BLOCK, K_BLOCKS_PER_SCALE_BLOCK, tile.lane, partial,
@@ -369,7 +299,7 @@ def gemm_a8w8_kernel(
        workspace[0], ..., workspace[split_k - 1] in that order, applies the epilogue, stores C,
        and thread 0 resets semaphore[T] to 0 (atomic exchange). The other blocks exit.
     """
-    tile = _Tile(mma, tile_m, tile_n, m, n)
+    tile = Tile(mma, tile_m, tile_n, m, n)
     in_dtype = xq.dtype
     a_rows, b_rows = tile.operand_rows()
     pa = fx.get_iter(xq)
@@ -385,7 +315,7 @@ def gemm_a8w8_kernel(
         num_sb = k // SCALE_BLOCK
         num_sb64 = fx.Int64(num_sb)
         sb_begin, sb_end = split_k_range(fx.block_idx.z, num_sb, split_k)
-        accs = _zero_accs(tile.reps_m * tile.reps_n, tile.rows_per_lane, fx.Float32)
+        accs = zero_accs(tile.reps_m * tile.reps_n, tile.rows_per_lane, fx.Float32)
         for sb in range(sb_begin, sb_end, fx.Int32(1)):
             accs = _scale_block(
                 tile, mma, in_dtype, pa, pb, pxs, pws, a_rows, b_rows, k64, sb, num_sb64, accs
@@ -394,7 +324,7 @@ def gemm_a8w8_kernel(
         kb_begin, kb_end = split_k_range(fx.block_idx.z, k // K_BLOCK, split_k)
         blocks_per_iter = tile_k // K_BLOCK
         iters, tail_begin = k_loop_counts(kb_begin, kb_end, blocks_per_iter)
-        accs = _zero_accs(tile.reps_m * tile.reps_n, tile.rows_per_lane, _acc_dtype(in_dtype))
+        accs = zero_accs(tile.reps_m * tile.reps_n, tile.rows_per_lane, _acc_dtype(in_dtype))
         # Runtime loops; `accs` is reassigned in the body, so it is carried across iterations.
         for it in range(fx.Int32(0), iters, fx.Int32(1)):
             accs = _k_blocks(
@@ -421,7 +351,7 @@ def gemm_a8w8_kernel(
             for j in range_constexpr(tile.reps_n):
                 cast = final[i * tile.reps_n + j].to(out.dtype)
                 for e in range_constexpr(tile.rows_per_lane):
-                    row, col = _coord(tile, i, j, e)
+                    row, col = coord(tile, i, j, e)
                     if in_bounds(row, col, m, n):
                         fx.ptr_store(cast[e], pout + c_offset(fx.Int64(row), fx.Int64(col), n64))
     else:
@@ -430,10 +360,10 @@ def gemm_a8w8_kernel(
             for j in range_constexpr(tile.reps_n):
                 acc = accs[i * tile.reps_n + j]
                 for e in range_constexpr(tile.rows_per_lane):
-                    row, col = _coord(tile, i, j, e)
+                    row, col = coord(tile, i, j, e)
                     if in_bounds(row, col, m, n):
                         fx.ptr_store(
-                            acc[e], pws_partial + _ws_offset(tile, fx.block_idx.z, row, col)
+                            acc[e], pws_partial + ws_offset(tile, fx.block_idx.z, row, col)
                         )
         fx.memory_fence(syncscope=rocdl.SyncScope.Agent, ordering=fx.AtomicOrdering.Release)
         fx.barrier()
@@ -452,7 +382,7 @@ def gemm_a8w8_kernel(
         fx.barrier()
         if flag.peek() != 0:
             fx.memory_fence(syncscope=rocdl.SyncScope.Agent, ordering=fx.AtomicOrdering.Acquire)
-            totals = _zero_accs(tile.reps_m * tile.reps_n, tile.rows_per_lane, fx.Float32)
+            totals = zero_accs(tile.reps_m * tile.reps_n, tile.rows_per_lane, fx.Float32)
             for s in range(fx.Int32(0), fx.Int32(split_k), fx.Int32(1)):
                 totals = _add_partials(tile, workspace, s, totals)
             if const_expr(blockscale):
@@ -463,7 +393,7 @@ def gemm_a8w8_kernel(
                 for rj in range_constexpr(tile.reps_n):
                     rcast = reduced[ri * tile.reps_n + rj].to(out.dtype)
                     for re in range_constexpr(tile.rows_per_lane):
-                        rrow, rcol = _coord(tile, ri, rj, re)
+                        rrow, rcol = coord(tile, ri, rj, re)
                         if in_bounds(rrow, rcol, m, n):
                             fx.ptr_store(
                                 rcast[re], pout + c_offset(fx.Int64(rrow), fx.Int64(rcol), n64)
@@ -551,18 +481,13 @@ def _check_common(
     mma: str,
 ) -> tuple[int, int, int]:
     """Checks shared by both families; returns (M, N, K)."""
-    if mma not in MMA_FLAVOURS:
-        raise ValueError(f"mma: expected one of {MMA_FLAVOURS}, got {mma!r}")
+    check_mma(mma, MMA_FLAVOURS)
     if mma not in tiles:
         raise NotImplementedError(
             f"mma: the {family} kernels exist for {tuple(tiles)} only, not {mma!r} "
             "(there is no gfx1250 WMMA blockscale kernel)"
         )
-    if tile not in tiles[mma]:
-        supported = ", ".join(f"{t.tile_m}x{t.tile_n}x{t.tile_k}" for t in tiles[mma])
-        raise ValueError(f"tile: {tile} is not supported for mma={mma!r}; supported: {supported}")
-    if not isinstance(split_k, int) or isinstance(split_k, bool) or split_k < 1:
-        raise ValueError(f"split_k: expected an int >= 1, got {split_k!r}")
+    check_tile_and_split_k(tiles, tile, split_k, mma)
     if xq.dim() != 2 or wq.dim() != 2:
         raise ValueError(
             f"xq, wq: expected 2-D [M, K] and [N, K], got {list(xq.shape)} and {list(wq.shape)}"
@@ -619,10 +544,6 @@ def _check_scale(name: str, scale: torch.Tensor, shape: tuple[int, int]) -> None
         raise ValueError(f"{name}: expected shape {list(shape)}, got {list(scale.shape)}")
 
 
-def _stream(stream: Any | None) -> fx.Stream:
-    return stream if isinstance(stream, fx.Stream) else fx.Stream(stream)
-
-
 def launch_gemm_a8w8_bpreshuffle(
     xq: torch.Tensor,
     wq: torch.Tensor,
@@ -675,7 +596,7 @@ def launch_gemm_a8w8_bpreshuffle(
     gemm_a8w8_bpreshuffle(
         xq, wq, x_scale, w_scale, out, ws_arg, sem_arg, m, n, k,
         tile_m=tile.tile_m, tile_n=tile.tile_n, tile_k=tile.tile_k, split_k=split_k, mma=mma,
-        stream=_stream(stream),
+        stream=to_stream(stream),
     )  # fmt: skip
 
 
@@ -726,5 +647,5 @@ def launch_gemm_a8w8_blockscale(
     gemm_a8w8_blockscale(
         xq, wq, x_scale, w_scale, out, ws_arg, sem_arg, m, n, k,
         tile_m=tile.tile_m, tile_n=tile.tile_n, tile_k=tile.tile_k, split_k=split_k, mma=mma,
-        stream=_stream(stream),
+        stream=to_stream(stream),
     )  # fmt: skip
