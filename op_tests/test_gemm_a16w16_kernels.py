@@ -5,10 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +13,7 @@ import torch
 
 from aiter.ops.flydsl import gemm_a16w16 as g
 from aiter.ops.flydsl import gemm_a16w16_index as ix
+from op_tests.compile_child import compile_env, linker_rocm_path, run_child
 
 REPO = Path(__file__).resolve().parents[1]
 ARCH_FLAVOUR = {"gfx942": "mfma", "gfx950": "mfma", "gfx1250": "wmma"}
@@ -448,12 +446,7 @@ print(json.dumps(times))
 
 @pytest.fixture(scope="module")
 def rocm_path(tmp_path_factory) -> str:
-    from aiter.toolchain import LinkerNotFound, find_linker
-
-    try:
-        return str(find_linker(tmp_path_factory.mktemp("lld")).rocm_path)
-    except LinkerNotFound as exc:
-        pytest.skip(f"no AMDGPU linker to compile with: {exc}")
+    return linker_rocm_path(tmp_path_factory.mktemp("lld"))
 
 
 @pytest.fixture(scope="module", params=list(ARCH_FLAVOUR))
@@ -462,23 +455,7 @@ def compiled(request, rocm_path: str, tmp_path_factory) -> dict:
     arch = request.param
     mma = ARCH_FLAVOUR[arch]
     cache = tmp_path_factory.mktemp(f"cache_{arch}")
-    env = dict(os.environ)
-    env.update(
-        ARCH=arch,
-        FLYDSL_GPU_ARCH=arch,
-        COMPILE_ONLY="1",
-        ROCM_PATH=rocm_path,
-        FLYDSL_RUNTIME_CACHE_DIR=str(cache),
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
-    )
-    child = subprocess.run(
-        [sys.executable, "-c", _CHILD, mma, json.dumps(COMPILED)],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    child = run_child(_CHILD, [mma, json.dumps(COMPILED)], compile_env(arch, rocm_path, cache))
     assert child.returncode == 0, (
         f"{arch}: compile process exited with {child.returncode}"
         f" (negative: killed by signal)\n{child.stderr[-4000:]}"
@@ -552,26 +529,9 @@ def test_isa_listing_uses_the_arch_mma(arch: str, dtype: str, rocm_path: str, tm
     """FlyDSL's own ISA listing of the compile (LLVM's AMDGPU backend output) for every arch,
     where no installed llvm-objdump can disassemble the code object."""
     expected, wave = ISA_EXPECTED[(arch, dtype)]
-    env = dict(os.environ)
-    env.update(
-        ARCH=arch,
-        FLYDSL_GPU_ARCH=arch,
-        COMPILE_ONLY="1",
-        ROCM_PATH=rocm_path,
-        FLYDSL_RUNTIME_CACHE_DIR=str(tmp_path / "cache"),
-        FLYDSL_DEBUG_DUMP_ASM="1",
-        FLYDSL_DUMP_DIR=str(tmp_path / "dump"),
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
-    )
     mma = ARCH_FLAVOUR[arch]
-    child = subprocess.run(
-        [sys.executable, "-c", _ISA_CHILD, mma, dtype],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    env = compile_env(arch, rocm_path, tmp_path / "cache", dump=tmp_path / "dump")
+    child = run_child(_ISA_CHILD, [mma, dtype], env)
     assert child.returncode == 0, child.stderr[-4000:]
     listings = sorted((tmp_path / "dump").glob("gemm_a16w16_kernel_*/*final_isa.s"))
     assert len(listings) == 1, listings

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import re
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import torch
 
 from aiter.ops.flydsl import gemm_a8w8 as g
 from aiter.ops.flydsl import gemm_a8w8_index as ix
+from op_tests.compile_child import compile_env, linker_rocm_path, run_child
 
 REPO = Path(__file__).resolve().parents[1]
 FNUZ, FN, I8 = torch.float8_e4m3fnuz, torch.float8_e4m3fn, torch.int8
@@ -684,6 +684,7 @@ import json, shutil, sys, time
 from pathlib import Path
 import torch
 from aiter.ops.flydsl import gemm_a8w8 as g
+from op_tests.compile_child import compile_env, linker_rocm_path, run_child
 
 configs, cache = json.loads(sys.argv[1]), Path(sys.argv[2])
 dump = Path(sys.argv[3]) if sys.argv[3] else None
@@ -723,12 +724,7 @@ print(json.dumps(results))
 
 @pytest.fixture(scope="module")
 def rocm_path(tmp_path_factory) -> str:
-    from aiter.toolchain import LinkerNotFound, find_linker
-
-    try:
-        return str(find_linker(tmp_path_factory.mktemp("lld")).rocm_path)
-    except LinkerNotFound as exc:
-        pytest.skip(f"no AMDGPU linker to compile with: {exc}")
+    return linker_rocm_path(tmp_path_factory.mktemp("lld"))
 
 
 def _compile_child(arch: str, rocm_path: str, root: Path, dump: bool) -> list[dict]:
@@ -736,28 +732,9 @@ def _compile_child(arch: str, rocm_path: str, root: Path, dump: bool) -> list[di
     the child, not pytest). FlyDSL skips its disk cache while it dumps ISA, hence `dump`."""
     cache, keep = root / "cache", root / "isa"
     keep.mkdir(parents=True)
-    env = dict(os.environ)
-    env.update(
-        ARCH=arch,
-        FLYDSL_GPU_ARCH=arch,
-        COMPILE_ONLY="1",
-        ROCM_PATH=rocm_path,
-        FLYDSL_RUNTIME_CACHE_DIR=str(cache),
-        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
-    )
-    env.pop("FLYDSL_DEBUG_DUMP_ASM", None)
-    env.pop("FLYDSL_DUMP_DIR", None)
-    if dump:
-        env.update(FLYDSL_DEBUG_DUMP_ASM="1", FLYDSL_DUMP_DIR=str(root / "dump"))
+    env = compile_env(arch, rocm_path, cache, dump=root / "dump" if dump else None)
     args = [json.dumps(COMPILED[arch]), str(cache), str(root / "dump") if dump else "", str(keep)]
-    child = subprocess.run(
-        [sys.executable, "-c", _CHILD, *args],
-        env=env,
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    child = run_child(_CHILD, args, env, cwd=root)
     assert child.returncode == 0, (
         f"{arch}: compile process exited with {child.returncode}"
         f" (negative: killed by signal)\n{child.stderr[-4000:]}"

@@ -1,0 +1,56 @@
+"""Runs kernel compiles in a child process, one arch per process, for the kernel tests.
+
+FlyDSL freezes its target per process and an LLVM abort kills the process: pytest must survive.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def linker_rocm_path(shim_root: Path) -> str:
+    """ROCM_PATH of an AMDGPU linker, or skip the test with the reason."""
+    from aiter.toolchain import LinkerNotFound, find_linker
+
+    try:
+        return str(find_linker(shim_root).rocm_path)
+    except LinkerNotFound as exc:
+        pytest.skip(f"no AMDGPU linker to compile with: {exc}")
+
+
+def compile_env(arch: str, rocm_path: str, cache: Path, dump: Path | None = None) -> dict:
+    """The environment of a compile-only child for `arch`; `dump` turns on FlyDSL's ISA listing
+    (which also turns off its disk cache)."""
+    env = dict(os.environ)
+    env.pop("FLYDSL_DEBUG_DUMP_ASM", None)
+    env.pop("FLYDSL_DUMP_DIR", None)
+    env.update(
+        ARCH=arch,
+        FLYDSL_GPU_ARCH=arch,
+        COMPILE_ONLY="1",
+        ROCM_PATH=rocm_path,
+        FLYDSL_RUNTIME_CACHE_DIR=str(cache),
+        PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
+    )
+    if dump is not None:
+        env.update(FLYDSL_DEBUG_DUMP_ASM="1", FLYDSL_DUMP_DIR=str(dump))
+    return env
+
+
+def run_child(code: str, args: list[str], env: dict, cwd: Path = REPO):
+    """`python -c code args...`; the CompletedProcess, output captured."""
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
