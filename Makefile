@@ -17,7 +17,7 @@ $(STAMP): setup.py pyproject.toml
 venv: $(STAMP)
 
 aot: $(STAMP)
-	$(PY) -m aiter.aot.flydsl.gemm
+	$(PY) -m aiter.aot.flydsl
 
 test: $(STAMP)
 	$(PY) -m pytest

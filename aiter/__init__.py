@@ -9,7 +9,7 @@ _A8W8 = ("gemm_a8w8_bpreshuffle", "gemm_a8w8_blockscale", "shuffle_weight", "uns
 def __getattr__(name: str):
     # Operators import torch and FlyDSL; load them on first use so `import aiter` stays light.
     if name == "gemm_a16w16":
-        from aiter.ops.gemm import gemm_a16w16
+        from aiter.ops.gemm_a16w16 import gemm_a16w16
 
         return gemm_a16w16
     if name in _A8W8:

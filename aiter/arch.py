@@ -9,8 +9,10 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -22,9 +24,13 @@ class ArchInfo:
     fp8_dtype_name: str  # torch dtype attribute name
     mma: str  # "mfma" (matrix cores, wave64) or "wmma" (wave32)
     wave_size: int
+    elf_mach: int  # EF_AMDGPU_MACH: the low byte of a code object's ELF e_flags
 
     @property
     def fp8_dtype(self) -> torch.dtype:
+        # Imported here so that reading the registry (e.g. to check a cache) stays torch-free.
+        import torch
+
         return getattr(torch, self.fp8_dtype_name)
 
     @property
@@ -42,6 +48,7 @@ ARCHS: Mapping[str, ArchInfo] = MappingProxyType(
             fp8_dtype_name="float8_e4m3fnuz",
             mma="mfma",
             wave_size=64,
+            elf_mach=0x4C,
         ),
         "gfx950": ArchInfo(
             name="gfx950",
@@ -51,6 +58,7 @@ ARCHS: Mapping[str, ArchInfo] = MappingProxyType(
             fp8_dtype_name="float8_e4m3fn",
             mma="mfma",
             wave_size=64,
+            elf_mach=0x4F,
         ),
         # No gfx1250 part was measurable here; 256 CUs is an assumption that GPU_ARCHS
         # (gfx1250:<cu_num>) or a tuned table row overrides.
@@ -62,6 +70,7 @@ ARCHS: Mapping[str, ArchInfo] = MappingProxyType(
             fp8_dtype_name="float8_e4m3fn",
             mma="wmma",
             wave_size=32,
+            elf_mach=0x49,
         ),
     }
 )

@@ -5,6 +5,10 @@ Expectations are the registry's documented values; every error must name the bad
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -174,3 +178,20 @@ def test_parse_malformed_entry_names_it(entry: str) -> None:
 )
 def test_parse_feature_flags_are_ignored(entry: str, cu_num) -> None:
     assert parse_gpu_archs(entry) == [ArchTarget("gfx942", cu_num)]
+
+
+def test_elf_mach_values() -> None:
+    assert {name: info.elf_mach for name, info in ARCHS.items()} == {
+        "gfx942": 0x4C,
+        "gfx950": 0x4F,
+        "gfx1250": 0x49,
+    }
+
+
+def test_importing_the_registry_does_not_import_torch() -> None:
+    code = "import aiter.arch, sys; print('torch' in sys.modules)"
+    repo = Path(__file__).resolve().parent.parent
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False"

@@ -83,7 +83,7 @@ def test_constant_value_asks_only_the_samples() -> None:
 def test_every_m_distinct() -> None:
     value_at, calls = counting(list(range(2, 11)))
     result = segments(value_at, 1, 10)
-    assert [(s.m_lo, s.m_hi) for s in result] == [(m, m) for m in range(1, 11)]
+    assert [(s.lo, s.hi) for s in result] == [(m, m) for m in range(1, 11)]
     assert sorted(calls) == list(range(1, 11))
 
 
@@ -98,7 +98,7 @@ def test_invalid_range(lo: int, hi: int) -> None:
     value_at, calls = counting([])
     with pytest.raises(ValueError) as info:
         segments(value_at, lo, hi)
-    assert str(info.value) == f"range of M must satisfy 1 <= lo <= hi, got [{lo}, {hi}]"
+    assert str(info.value) == f"range of the axis must satisfy 1 <= lo <= hi, got [{lo}, {hi}]"
     assert not calls
 
 

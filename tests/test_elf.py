@@ -8,6 +8,7 @@ import struct
 import pytest
 
 from aiter.aot.flydsl import elf
+from aiter.arch import ARCHS
 
 EM_X86_64 = 62
 
@@ -104,3 +105,11 @@ def test_disassemble_skips_an_objdump_that_aborts(monkeypatch, tmp_path) -> None
     monkeypatch.setattr(elf, "_working_objdump", {})
     monkeypatch.setattr(elf, "_objdump_candidates", lambda: [str(crash)])
     assert elf.disassemble(make_elf(), "gfx1250") is None
+
+
+def test_every_registered_arch_maps_both_ways() -> None:
+    assert len(elf.MACH_TO_ARCH) == len(ARCHS)  # no two archs share a mach value
+    for name, info in ARCHS.items():
+        assert elf.ARCH_TO_MACH[name] == info.elf_mach
+        assert elf.MACH_TO_ARCH[info.elf_mach] == name
+        assert elf.code_object_arch(make_elf(e_flags=0x500 | info.elf_mach)) == name

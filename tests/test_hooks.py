@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "tests" / "fixtures" / "replay_scale.py"
 JCM = hooks._jf.JitCacheManager
 JF = hooks._jf.JitFunction
+JIT = hooks._jf
 
 
 def run_replay(tmp: Path, phases: str, blocks: str) -> dict:
@@ -277,3 +278,153 @@ def test_compiled_entry_holds_a_gfx942_code_object(compiled) -> None:
     (e_flags,) = struct.unpack_from("<I", code, 48)
     assert e_machine == 224
     assert e_flags & 0xFF == 0x4C  # gfx942
+
+
+# --- the light part: importing hooks, FlyDSL's environment variables ---
+
+
+def run_python(code: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-4000:]
+    return out.stdout.strip()
+
+
+def test_importing_hooks_imports_neither_torch_nor_flydsl() -> None:
+    code = (
+        "import aiter.aot.flydsl.hooks, sys; "
+        "print('torch' in sys.modules, 'flydsl' in sys.modules)"
+    )
+    assert run_python(code) == "False False"
+
+
+def test_light_helpers_import_neither_torch_nor_flydsl() -> None:
+    code = (
+        "import sys\n"
+        "from aiter.aot.flydsl import hooks\n"
+        "hooks.cache_dir_from_env(); hooks.default_cache_dir(); hooks.target_env('gfx950')\n"
+        "print(hooks.flydsl_version(), 'torch' in sys.modules, 'flydsl' in sys.modules)"
+    )
+    assert run_python(code) == f"{flydsl.__version__} False False"
+
+
+def test_jf_is_flydsls_jit_function_module() -> None:
+    from flydsl.compiler import jit_function
+
+    assert hooks._jf is jit_function
+    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
+        hooks.nothing  # noqa: B018
+
+
+def test_key_env_vars_are_flydsls() -> None:
+    per_arch = [n for names in JIT._TARGET_CACHE_INVALIDATING_ENV_VARS.values() for n in names]
+    flydsl_vars = (*JIT._CACHE_INVALIDATING_ENV_VARS, *per_arch)
+    assert flydsl_vars == hooks.KEY_ENV_VARS
+    assert "LLVM_GFX1250_ANY_XNACK_CODEGEN" in hooks.KEY_ENV_VARS
+    assert hooks.ENV_CACHE_DIR not in hooks.KEY_ENV_VARS
+
+
+def test_cache_dir_from_env_honours_the_variable() -> None:
+    assert hooks.cache_dir_from_env({"FLYDSL_RUNTIME_CACHE_DIR": "/x/cache"}) == "/x/cache"
+    assert hooks.cache_dir_from_env({"FLYDSL_RUNTIME_CACHE_DIR": "rel"}) == "rel"
+
+
+def test_cache_dir_from_env_falls_back_to_flydsls_default(monkeypatch) -> None:
+    from flydsl.utils.env import runtime
+
+    monkeypatch.delenv("FLYDSL_RUNTIME_CACHE_DIR", raising=False)
+    expected = str(runtime.cache_dir)
+    assert expected == str(Path.home() / ".flydsl" / "cache")
+    assert hooks.cache_dir_from_env({}) == expected
+    assert hooks.cache_dir_from_env({"FLYDSL_RUNTIME_CACHE_DIR": ""}) == expected
+    assert hooks.cache_dir_from_env() == expected
+    assert hooks.default_cache_dir() == expected
+
+
+def test_cache_dir_from_env_reads_os_environ_by_default(monkeypatch, tmp_path) -> None:
+    from flydsl.utils.env import runtime
+
+    monkeypatch.setenv("FLYDSL_RUNTIME_CACHE_DIR", str(tmp_path))
+    assert hooks.cache_dir_from_env() == str(tmp_path) == runtime.cache_dir
+    assert hooks.default_cache_dir() == str(tmp_path)
+
+
+def test_target_env_sets_the_three_variables() -> None:
+    assert hooks.target_env("gfx950") == {
+        "ARCH": "gfx950",
+        "FLYDSL_GPU_ARCH": "gfx950",
+        "COMPILE_ONLY": "1",
+    }
+
+
+def test_target_env_makes_flydsl_target_the_arch(monkeypatch) -> None:
+    from flydsl.utils.env import compile as compile_env
+
+    for name, value in hooks.target_env("gfx1250").items():
+        monkeypatch.setenv(name, value)
+    assert hooks.flydsl_target_arch() == "gfx1250"
+    assert compile_env.arch == "gfx1250"
+    assert compile_env.compile_only is True
+
+
+def test_self_test_catches_a_new_key_variable(monkeypatch) -> None:
+    monkeypatch.setattr(JIT, "_CACHE_INVALIDATING_ENV_VARS", (*hooks.KEY_ENV_VARS[:-1], "NEW"))
+    with pytest.raises(ReplayHookBroken, match=r"folds .*'NEW'.* into its cache keys"):
+        hooks.self_test()
+
+
+def test_self_test_catches_a_new_per_arch_key_variable(monkeypatch) -> None:
+    per_arch = {"gfx1250": ("LLVM_GFX1250_ANY_XNACK_CODEGEN",), "gfx950": ("GFX950_FLAG",)}
+    monkeypatch.setattr(JIT, "_TARGET_CACHE_INVALIDATING_ENV_VARS", per_arch)
+    with pytest.raises(ReplayHookBroken, match="GFX950_FLAG"):
+        hooks.self_test()
+
+
+def test_self_test_names_moved_key_variables(monkeypatch) -> None:
+    monkeypatch.delattr(JIT, "_TARGET_CACHE_INVALIDATING_ENV_VARS")
+    with pytest.raises(ReplayHookBroken) as info:
+        hooks.self_test()
+    assert (
+        "moved internals the AOT replay uses: "
+        "flydsl.compiler.jit_function._TARGET_CACHE_INVALIDATING_ENV_VARS "
+    ) in str(info.value)
+
+
+def test_self_test_catches_a_moved_default_cache_dir(monkeypatch) -> None:
+    from flydsl.utils import env
+
+    option = type(env.runtime).__dict__["cache_dir"]
+    monkeypatch.setattr(option, "default", "/var/cache/flydsl")
+    with pytest.raises(ReplayHookBroken, match="default cache directory is '/var/cache/flydsl'"):
+        hooks.self_test()
+
+
+@pytest.mark.parametrize(
+    "manager, attr, variable",
+    [
+        ("runtime", "cache_dir", "FLYDSL_RUNTIME_CACHE_DIR"),
+        ("runtime", "run_only", "FLYDSL_RUNTIME_RUN_ONLY"),
+        ("compile", "compile_only", "COMPILE_ONLY"),
+        ("compile", "arch", "ARCH"),
+    ],
+)
+def test_self_test_catches_a_renamed_variable(monkeypatch, manager, attr, variable) -> None:
+    from flydsl.utils import env
+
+    option = type(getattr(env, manager)).__dict__[attr]
+    assert option.env_var == variable
+    monkeypatch.setattr(option, "env_var", "RENAMED")
+    with pytest.raises(ReplayHookBroken, match=f"reads 'RENAMED', aiter sets '{variable}'"):
+        hooks.self_test()
+
+
+def test_extract_code_objects_does_not_import_flydsl(compiled) -> None:
+    path = compiled[1]["phases"][0]["requests"][0]["path"]
+    code = (
+        "import sys\n"
+        "from aiter.aot.flydsl.hooks import extract_code_objects\n"
+        f"codes = extract_code_objects({path!r})\n"
+        "print(len(codes), codes[0][:4] == b'\\x7fELF', 'flydsl' in sys.modules)"
+    )
+    assert run_python(code) == "1 True False"

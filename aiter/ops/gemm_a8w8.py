@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from aiter import device
-from aiter.ops import gemm_a8w8_config as config
+from aiter.ops import gemm_config, gemm_tables
 from aiter.ops.flydsl.gemm_a8w8 import (
     BLOCKSCALE_BLOCK,
     BPRESHUFFLE_K_MULTIPLE,
@@ -20,15 +20,27 @@ from aiter.ops.flydsl.gemm_a8w8 import (
     unshuffle_weight,
 )
 from aiter.ops.gemm_plan import Plan, plan
-from aiter.ops.tables import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE
+from aiter.ops.gemm_tables import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE
 
 __all__ = ["gemm_a8w8_blockscale", "gemm_a8w8_bpreshuffle", "shuffle_weight", "unshuffle_weight"]
 
-OUT_DTYPES = (torch.bfloat16, torch.float16)
+OUT_DTYPES = tuple(getattr(torch, n) for n in gemm_tables.A8W8_OUT_DTYPES)
 # What the runtime allocates for split-K: fp32 partial sums, and one zeroed counter per output
 # tile that the last split to finish uses to know it must reduce.
 WORKSPACE_DTYPE = torch.float32
 SEMAPHORE_DTYPE = torch.int64
+SCALE_DTYPE = torch.float32
+
+
+def bpreshuffle_scale_shapes(m: int, n: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Shapes of x_scale (per token) and w_scale (per channel) for gemm_a8w8_bpreshuffle."""
+    return (m, 1), (1, n)
+
+
+def blockscale_scale_shapes(m: int, n: int, k: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Shapes of x_scale (1 x 128 blocks) and w_scale (128 x 128 blocks) for the blockscale GEMM."""
+    block = BLOCKSCALE_BLOCK
+    return (m, k // block), (n // block, k // block)
 
 
 def _check_tensor(name: str, t: object, dtypes: tuple, shape: tuple[int, ...]) -> torch.Tensor:
@@ -112,8 +124,9 @@ def gemm_a8w8_bpreshuffle(
     `shuffle_weight`. x_scale is per token [M, 1], w_scale per channel [1, N], both fp32.
     """
     m, n, k = _validate(XQ, WQ, out_dtype, allow_int8=True)
-    _check_tensor("x_scale", x_scale, (torch.float32,), (m, 1))
-    _check_tensor("w_scale", w_scale, (torch.float32,), (1, n))
+    x_shape, w_shape = bpreshuffle_scale_shapes(m, n)
+    _check_tensor("x_scale", x_scale, (SCALE_DTYPE,), x_shape)
+    _check_tensor("w_scale", w_scale, (SCALE_DTYPE,), w_shape)
     layout_n, layout_k = BPRESHUFFLE_LAYOUT
     if n % layout_n or k % layout_k:
         raise ValueError(
@@ -121,7 +134,7 @@ def gemm_a8w8_bpreshuffle(
             f"K % {layout_k} == 0 are needed, got N={n}, K={k}"
         )
     key = {"N": n, "K": k, "q_dtype_w": str(WQ.dtype)}
-    served = plan("gemm_a8w8_bpreshuffle", A8W8_BPRESHUFFLE, config.BPRESHUFFLE, key, m, n, k)
+    served = plan("gemm_a8w8_bpreshuffle", A8W8_BPRESHUFFLE, gemm_config.BPRESHUFFLE, key, m, n, k)
     if served.use_torch:
         served.report()
         plain = unshuffle_weight(WQ, BPRESHUFFLE_LAYOUT)
@@ -156,10 +169,11 @@ def gemm_a8w8_blockscale(
         raise ValueError(
             f"gemm_a8w8_blockscale needs N and K multiples of {block}, got N={n}, K={k}"
         )
-    _check_tensor("x_scale", x_scale, (torch.float32,), (m, k // block))
-    _check_tensor("w_scale", w_scale, (torch.float32,), (n // block, k // block))
+    x_shape, w_shape = blockscale_scale_shapes(m, n, k)
+    _check_tensor("x_scale", x_scale, (SCALE_DTYPE,), x_shape)
+    _check_tensor("w_scale", w_scale, (SCALE_DTYPE,), w_shape)
     key = {"N": n, "K": k}
-    served = plan("gemm_a8w8_blockscale", A8W8_BLOCKSCALE, config.BLOCKSCALE, key, m, n, k)
+    served = plan("gemm_a8w8_blockscale", A8W8_BLOCKSCALE, gemm_config.BLOCKSCALE, key, m, n, k)
     served.report()
     if served.use_torch:
         x = XQ.to(torch.float32) * x_scale.repeat_interleave(block, dim=1)

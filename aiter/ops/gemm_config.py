@@ -1,6 +1,7 @@
 """How every GEMM family names its kernels and picks a tile and split-K for an untuned call.
 
-One `KernelFamily` per kernel family: a name grammar, the tiles per MMA flavour, one heuristic.
+One `KernelFamily` per kernel family (a16w16, a8w8 bpreshuffle and blockscale): a name grammar,
+the tiles per MMA flavour from its FlyDSL kernel module, one heuristic.
 """
 
 from __future__ import annotations
@@ -9,6 +10,9 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from aiter.ops.flydsl.gemm_a8w8 import BLOCKSCALE_TILES, BPRESHUFFLE_TILES
+from aiter.ops.flydsl.gemm_a16w16 import SUPPORTED_TILES as A16W16_TILES
 
 MAX_SPLIT_K = 8
 MIN_K_TILES_PER_SPLIT = 4  # a split shorter than this costs more in reduction than it saves
@@ -123,3 +127,8 @@ class KernelFamily:
         if split_k <= 0:
             split_k = self.heuristic_split_k(m, n, k, cu_num, tile)
         return KernelChoice(self, mma, tile, split_k)
+
+
+A16W16 = KernelFamily("flydsl_a16w16", A16W16_TILES)
+BPRESHUFFLE = KernelFamily("flydsl_a8w8_bpreshuffle", BPRESHUFFLE_TILES)
+BLOCKSCALE = KernelFamily("flydsl_a8w8_blockscale", BLOCKSCALE_TILES)

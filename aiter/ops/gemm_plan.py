@@ -9,11 +9,8 @@ from dataclasses import dataclass
 
 from aiter import device, dispatch
 from aiter.ops.gemm_config import KernelChoice, KernelFamily
-from aiter.ops.tables import TableSpec
-from aiter.tuning import Row, TableError
-
-LIBTYPE_FLYDSL = "flydsl"
-LIBTYPE_TORCH = "torch"
+from aiter.ops.gemm_tables import LIBTYPE_FLYDSL, LIBTYPE_TORCH
+from aiter.tuning import Row, TableError, TableSpec
 
 
 def _row_ref(row: Row | None) -> str | None:
@@ -74,7 +71,7 @@ def plan(
     the device's MMA flavour.
     """
     arch, cu_num = device.arch(), device.cu_num()
-    row = spec.load().lookup({"gfx": arch, "cu_num": cu_num, **key}, m)
+    row = spec.lookup({"gfx": arch, "cu_num": cu_num, **key}, m)
     if row is not None and row["libtype"] == LIBTYPE_TORCH:
         return Plan(op, row, None)
     if row is not None and row["libtype"] != LIBTYPE_FLYDSL:

@@ -1,11 +1,22 @@
 """Tuned CSV tables: the single source of which kernel an operator launches for a shape.
 
-Load (merge, validate, dedupe) with `load_table`, then `TunedTable.lookup` per call.
+Declare a table once with `TableSpec`; `spec.load()` merges and validates it, `lookup` per call.
 """
 
 from .errors import TableError
 from .kinds import Column
 from .row import Row
+from .spec import CONFIG_DIR, CONFIG_DIR_ENV, BucketAxis, TableSpec
 from .table import TunedTable, load_table
 
-__all__ = ["Column", "Row", "TableError", "TunedTable", "load_table"]
+__all__ = [
+    "CONFIG_DIR",
+    "CONFIG_DIR_ENV",
+    "BucketAxis",
+    "Column",
+    "Row",
+    "TableError",
+    "TableSpec",
+    "TunedTable",
+    "load_table",
+]

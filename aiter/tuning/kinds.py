@@ -28,12 +28,19 @@ class Column:
 
     name: str
     kind: str
+    choices: tuple[str, ...] = ()  # when set, the only texts a cell may hold
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(
                 f"column {self.name!r}: unknown kind {self.kind!r}; expected one of {KINDS}"
             )
+
+    def expected(self) -> str:
+        """What a cell of this column must hold, worded for error messages."""
+        if self.choices:
+            return "one of " + ", ".join(self.choices)
+        return EXPECTED[self.kind]
 
 
 def parse_int(text: str) -> int:

@@ -44,3 +44,8 @@ class MBuckets:
             f"{row.source}:{row.line}: row is not in this table "
             "(a duplicate shape with a lower us replaced it, or it came from another table)"
         )
+
+    def is_top(self, key: Hashable, m: int) -> bool:
+        """Whether `m` is the largest value tabled under `key`: above it no row serves."""
+        group = self._groups.get(key)
+        return group is not None and group[0][-1] == m

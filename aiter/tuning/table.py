@@ -65,6 +65,10 @@ class TunedTable:
         """Inclusive range of M the row serves: (previous tabled M + 1, its M), from 1."""
         return self._buckets.bucket(self._row_key(row), row.int(self.m_column), row)
 
+    def is_top(self, row: Row) -> bool:
+        """Whether no row of the same shape has a larger M: above it the heuristic serves."""
+        return self._buckets.is_top(self._row_key(row), row.int(self.m_column))
+
     def to_csv(self, path: PathLike) -> None:
         """Write every column and cell as text, so reading it back gives the same cells."""
         write_table_file(
@@ -110,6 +114,7 @@ def load_table(
     wins, an empty `us` loses, and on a tie the later file's row wins.
     """
     kinds = _check_schema(columns, key, m_column)
+    choices = {c.name: c for c in columns if c.choices}
     shape_columns = tuple(dict.fromkeys([*key, m_column]))
 
     raws = [read_table_file(default_path, "the default table")]
@@ -122,7 +127,7 @@ def load_table(
     winners: dict[tuple[Hashable, ...], tuple[float, Row]] = {}
     for raw in raws:
         _check_columns(raw, kinds)
-        for row in _rows(raw, all_columns, kinds):
+        for row in _rows(raw, all_columns, kinds, choices):
             shape = tuple(PARSERS[kinds[name]](row.cells[name]) for name in shape_columns)
             us = _us(row)
             best = winners.get(shape)
@@ -173,7 +178,12 @@ def _check_columns(raw: RawTable, kinds: Mapping[str, str]) -> None:
             )
 
 
-def _rows(raw: RawTable, all_columns: Sequence[str], kinds: Mapping[str, str]) -> list[Row]:
+def _rows(
+    raw: RawTable,
+    all_columns: Sequence[str],
+    kinds: Mapping[str, str],
+    choices: Mapping[str, Column],
+) -> list[Row]:
     rows = []
     for line, values in raw.records:
         cells = dict.fromkeys(all_columns, "")
@@ -183,6 +193,15 @@ def _rows(raw: RawTable, all_columns: Sequence[str], kinds: Mapping[str, str]) -
                 PARSERS[kind](cells[name])
             except ValueError:
                 raise bad_cell(raw.path, line, name, cells[name], kind) from None
+        for name, column in choices.items():
+            if cells[name] not in column.choices and not (kinds[name].startswith("optional") and cells[name] == ""):
+                raise TableError(
+                    f"{raw.path}:{line}: column {name!r}: expected {column.expected()}, "
+                    f"found {cells[name]!r}",
+                    path=raw.path,
+                    line=line,
+                    column=name,
+                )
         rows.append(Row(MappingProxyType(cells), raw.path, line))
     return rows
 

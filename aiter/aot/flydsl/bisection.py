@@ -1,4 +1,5 @@
-"""Finds every M at which the kernels a row requests change, calling the runtime sparingly.
+"""Finds every value of an axis (M, tokens, a sequence length) at which the kernels a job
+requests change, calling the runtime sparingly.
 
 Samples the ends of the range and each power of two inside it, then bisects between neighbours
 that differ. Between two equal neighbouring samples the kernels are taken as constant.
@@ -15,8 +16,8 @@ V = TypeVar("V", bound=Hashable)
 
 @dataclass(frozen=True)
 class Segment(Generic[V]):
-    m_lo: int
-    m_hi: int  # inclusive
+    lo: int
+    hi: int  # inclusive
     value: V
 
 
@@ -33,9 +34,9 @@ def sample_points(lo: int, hi: int) -> list[int]:
 
 
 def segments(value_at: Callable[[int], V], lo: int, hi: int) -> list[Segment[V]]:
-    """Split [lo, hi] into maximal runs of M with one value; value_at is called once per M."""
+    """Split [lo, hi] into maximal runs with one value; value_at is called once per point."""
     if lo < 1 or hi < lo:
-        raise ValueError(f"range of M must satisfy 1 <= lo <= hi, got [{lo}, {hi}]")
+        raise ValueError(f"range of the axis must satisfy 1 <= lo <= hi, got [{lo}, {hi}]")
     seen: dict[int, V] = {}
 
     def at(m: int) -> V:

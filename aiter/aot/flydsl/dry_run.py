@@ -49,7 +49,7 @@ def _raise_reached(what: str):
     def guard(*args: Any, **kwargs: Any):
         raise GpuRuntimeReached(
             f"{what} was called inside an AOT dry run: host code must ask aiter.device, "
-            "and kernels must only compile (COMPILE_ONLY=1)"
+            "and kernels must only compile (hooks.target_env)"
         )
 
     return guard
@@ -135,7 +135,7 @@ def dry_run(arch: str, cu_num: int, mode: str) -> Iterator[list[hooks.KernelRequ
     target at the first compile, so a process must not replay two archs.
     """
     global _process_arch
-    frozen = _process_arch or os.environ.get("FLYDSL_GPU_ARCH")
+    frozen = _process_arch or os.environ.get(hooks.ENV_GPU_ARCH)
     if frozen and frozen != arch:
         raise ValueError(
             f"this process was started for {frozen} and cannot replay {arch}: "
@@ -145,7 +145,7 @@ def dry_run(arch: str, cu_num: int, mode: str) -> Iterator[list[hooks.KernelRequ
     stream = SimulatedStream()
     hooks.register_stream_type(SimulatedStream)
     with ExitStack() as stack:
-        _set_env(stack, {"ARCH": arch, "FLYDSL_GPU_ARCH": arch, "COMPILE_ONLY": "1"})
+        _set_env(stack, hooks.target_env(arch))
         stack.enter_context(device.simulate(arch, cu_num, stream))
         for name in GUARDED_TORCH_CUDA:
             _patch(stack, torch.cuda, name, _raise_reached(f"torch.cuda.{name}"))

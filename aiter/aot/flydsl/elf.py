@@ -13,10 +13,12 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
+from aiter.arch import ARCHS
+
 EM_AMDGPU = 224
-# Low byte of e_flags (EF_AMDGPU_MACH) for the archs aiter builds.
-MACH_TO_ARCH = {0x4C: "gfx942", 0x4F: "gfx950", 0x49: "gfx1250"}
-ARCH_TO_MACH = {arch: mach for mach, arch in MACH_TO_ARCH.items()}
+# Low byte of e_flags (EF_AMDGPU_MACH) for the archs aiter builds; aiter/arch.py declares them.
+ARCH_TO_MACH: dict[str, int] = {name: info.elf_mach for name, info in ARCHS.items()}
+MACH_TO_ARCH: dict[int, str] = {mach: arch for arch, mach in ARCH_TO_MACH.items()}
 EF_AMDGPU_MACH_MASK = 0xFF
 
 _ELF64_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")

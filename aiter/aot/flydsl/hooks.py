@@ -1,29 +1,94 @@
-"""Every use of FlyDSL internals by the AOT builder, and nothing else.
-
-FlyDSL 0.4.2 has no public way to ask which kernels a call needs; these hooks observe its cache
-manager. `self_test()` raises ReplayHookBroken when an upgrade moves what they rely on.
+"""Every use of FlyDSL internals by the AOT builder, and the one place FlyDSL's environment
+variable names are spelled. FlyDSL is imported lazily; `self_test()` catches moved internals.
 """
 
 from __future__ import annotations
 
 import inspect
+import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 from typing import Any
-
-import flydsl
-from flydsl.compiler import jit_function as _jf
 
 TESTED_FLYDSL = "0.4.2"
 MODE_NAME = "name"  # record the kernels a call needs, compile nothing
 MODE_COMPILE = "compile"  # compile what is missing, record every kernel the call needed
 
+# FlyDSL's environment variables: the only place aiter spells their names.
+ENV_CACHE_DIR = "FLYDSL_RUNTIME_CACHE_DIR"
+ENV_RUN_ONLY = "FLYDSL_RUNTIME_RUN_ONLY"
+ENV_COMPILE_ONLY = "COMPILE_ONLY"
+ENV_ARCH = "ARCH"  # the arch FlyDSL's compile pipeline targets
+ENV_GPU_ARCH = "FLYDSL_GPU_ARCH"  # the arch kernel code sees through get_rocm_arch()
+# Variables FlyDSL folds into every cache key (the last one only into gfx1250 keys);
+# self_test() checks this list against the installed FlyDSL.
+KEY_ENV_VARS: tuple[str, ...] = (
+    "FLYDSL_COMPILE_OPT_LEVEL",
+    "FLYDSL_COMPILE_BACKEND",
+    "FLYDSL_COMPILE_LLVM_DIR",
+    "FLYDSL_DEBUG_ENABLE_DEBUG_INFO",
+    "FLYDSL_EXTRA_SOURCE_DIRS",
+    "FLYDSL_KTRACE_ENABLE",
+    "FLYDSL_KTRACE_BLOCKS",
+    "FLYDSL_KTRACE_BUFFER_BYTES",
+    "LLVM_GFX1250_ANY_XNACK_CODEGEN",
+)
+
 
 class ReplayHookBroken(RuntimeError):
     """A FlyDSL internal the replay relies on moved or changed behaviour."""
+
+
+def _jit() -> ModuleType:
+    """flydsl.compiler.jit_function, imported on first use: importing FlyDSL imports torch."""
+    from flydsl.compiler import jit_function
+
+    return jit_function
+
+
+def __getattr__(name: str) -> Any:
+    # `hooks._jf` is the module the hooks patch; resolving it lazily keeps this import light.
+    if name == "_jf":
+        return _jit()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def flydsl_version() -> str:
+    """The installed FlyDSL's version, read from its metadata ("missing" when not installed)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("flydsl")
+    except metadata.PackageNotFoundError:
+        return "missing"
+
+
+def target_env(arch: str) -> dict[str, str]:
+    """Environment that makes FlyDSL compile for `arch` without a GPU.
+
+    Both arch variables are needed: the pipeline reads one, kernel code the other, and a
+    kernel that finds neither silently builds for gfx942.
+    """
+    return {ENV_ARCH: arch, ENV_GPU_ARCH: arch, ENV_COMPILE_ONLY: "1"}
+
+
+def cache_dir_from_env(environ: Mapping[str, str] | None = None) -> str:
+    """FlyDSL's cache root for `environ` (default os.environ), without importing FlyDSL.
+
+    An empty FLYDSL_RUNTIME_CACHE_DIR turns FlyDSL's disk cache off; it is treated as unset
+    here so that callers always get a directory.
+    """
+    env = os.environ if environ is None else environ
+    return env.get(ENV_CACHE_DIR) or str(Path.home() / ".flydsl" / "cache")
+
+
+def default_cache_dir() -> str:
+    """The cache root FlyDSL's runtime uses in this process (see cache_dir_from_env)."""
+    return cache_dir_from_env()
 
 
 @dataclass(frozen=True)
@@ -37,7 +102,7 @@ class KernelRequest:
 
     @property
     def file_name(self) -> str:
-        return _jf.JitCacheManager._safe_key(self.key) + ".pkl"
+        return _jit().JitCacheManager._safe_key(self.key) + ".pkl"
 
     @property
     def path(self) -> Path:
@@ -55,32 +120,97 @@ class KernelRequest:
         return self.path.is_file()
 
 
+# FlyDSL 0.4.2 has no public way to ask which kernels a call needs; the hooks patch its cache
+# manager. These are the attribute paths inside flydsl.compiler.jit_function they rely on; a
+# path is checked only when its owner exists, so a moved class is reported once.
 _REQUIRED = (
-    (_jf, "JitCacheManager"),
-    (_jf, "JitFunction"),
-    (_jf.JitCacheManager, "get"),
-    (_jf.JitCacheManager, "compile_lock"),
-    (_jf.JitCacheManager, "_safe_key"),
-    (_jf.JitFunction, "_compile_or_execute"),
-    (_jf.JitFunction, "_ensure_cache_manager"),
-    (_jf.JitFunction, "_ensure_sig"),
-    (_jf, "_build_call_state"),
+    "JitCacheManager",
+    "JitFunction",
+    "JitCacheManager.get",
+    "JitCacheManager.compile_lock",
+    "JitCacheManager._safe_key",
+    "JitFunction._compile_or_execute",
+    "JitFunction._ensure_cache_manager",
+    "JitFunction._ensure_sig",
+    "_build_call_state",
+    "_CACHE_INVALIDATING_ENV_VARS",
+    "_TARGET_CACHE_INVALIDATING_ENV_VARS",
 )
+
+
+def _missing_internals(jf: ModuleType) -> list[str]:
+    missing = []
+    for path in _REQUIRED:
+        *owner_path, attr = path.split(".")
+        owner: Any = jf
+        for part in owner_path:
+            owner = getattr(owner, part, None)
+        if owner is None:
+            continue
+        if not hasattr(owner, attr):
+            missing.append(f"{owner.__name__}.{attr}")
+    return missing
+
+
+def _flydsl_key_env_vars(jf: ModuleType) -> tuple[str, ...]:
+    per_arch = jf._TARGET_CACHE_INVALIDATING_ENV_VARS
+    names = list(jf._CACHE_INVALIDATING_ENV_VARS)
+    for arch_names in per_arch.values():
+        names.extend(arch_names)
+    return tuple(names)
+
+
+def _check_env_names() -> None:
+    """FlyDSL's own declarations of the variables aiter names, against the ENV_* constants."""
+    from flydsl.runtime import device
+    from flydsl.utils import env
+
+    declared = {
+        ENV_CACHE_DIR: (env.runtime, "cache_dir"),
+        ENV_RUN_ONLY: (env.runtime, "run_only"),
+        ENV_COMPILE_ONLY: (env.compile, "compile_only"),
+        ENV_ARCH: (env.compile, "arch"),
+    }
+    for expected, (manager, attr) in declared.items():
+        option = getattr(type(manager), attr, None)
+        found = getattr(option, "env_var", None)
+        if found != expected:
+            raise ReplayHookBroken(
+                f"flydsl {flydsl_version()}: {type(manager).__name__}.{attr} reads {found!r}, "
+                f"aiter sets {expected!r}; update aiter/aot/flydsl/hooks.py"
+            )
+    try:
+        arch_source = inspect.getsource(device.get_rocm_arch)
+    except (OSError, TypeError):  # an install without sources: nothing to check against
+        arch_source = ENV_GPU_ARCH
+    if ENV_GPU_ARCH not in arch_source:
+        raise ReplayHookBroken(
+            f"flydsl {flydsl_version()}: get_rocm_arch() no longer reads {ENV_GPU_ARCH}; "
+            "update aiter/aot/flydsl/hooks.py"
+        )
+    option = getattr(type(env.runtime), "cache_dir", None)
+    default = getattr(option, "default", None)
+    if default != cache_dir_from_env({}):
+        raise ReplayHookBroken(
+            f"flydsl {flydsl_version()}: the default cache directory is {default!r}, "
+            f"aiter computes {cache_dir_from_env({})!r}; update aiter/aot/flydsl/hooks.py"
+        )
 
 
 def self_test() -> None:
     """Raise ReplayHookBroken unless every FlyDSL internal the hooks use is where expected."""
-    missing = [f"{getattr(o, '__name__', o)}.{a}" for o, a in _REQUIRED if not hasattr(o, a)]
+    jf = _jit()
+    missing = _missing_internals(jf)
     if missing:
         raise ReplayHookBroken(
-            f"flydsl {flydsl.__version__} moved internals the AOT replay uses: {', '.join(missing)}"
+            f"flydsl {flydsl_version()} moved internals the AOT replay uses: {', '.join(missing)}"
             f" (hooks were written against {TESTED_FLYDSL}); update aiter/aot/flydsl/hooks.py"
         )
     checks = {
-        "JitCacheManager.get": (_jf.JitCacheManager.get, ["self", "cache_key"]),
-        "JitCacheManager.compile_lock": (_jf.JitCacheManager.compile_lock, ["self", "cache_key"]),
+        "JitCacheManager.get": (jf.JitCacheManager.get, ["self", "cache_key"]),
+        "JitCacheManager.compile_lock": (jf.JitCacheManager.compile_lock, ["self", "cache_key"]),
         "JitFunction._compile_or_execute": (
-            _jf.JitFunction._compile_or_execute,
+            jf.JitFunction._compile_or_execute,
             ["self", "args", "kwargs"],
         ),
     }
@@ -92,15 +222,28 @@ def self_test() -> None:
         ]
         if params != expected:
             raise ReplayHookBroken(
-                f"flydsl {flydsl.__version__}: {label} takes {params}, the replay expects"
+                f"flydsl {flydsl_version()}: {label} takes {params}, the replay expects"
                 f" {expected}; update aiter/aot/flydsl/hooks.py"
             )
-    key = _jf.JitCacheManager._safe_key("k")
+    key = jf.JitCacheManager._safe_key("k")
     if not (isinstance(key, str) and len(key) == 16):
         raise ReplayHookBroken(
-            f"flydsl {flydsl.__version__}: cache entry names changed ({key!r}); "
+            f"flydsl {flydsl_version()}: cache entry names changed ({key!r}); "
             "update aiter/aot/flydsl/hooks.py"
         )
+    try:
+        flydsl_vars = _flydsl_key_env_vars(jf)
+    except (AttributeError, TypeError) as exc:
+        raise ReplayHookBroken(
+            f"flydsl {flydsl_version()}: cannot read the cache key's environment variables "
+            f"({exc}); update aiter/aot/flydsl/hooks.py"
+        ) from exc
+    if sorted(flydsl_vars) != sorted(KEY_ENV_VARS):
+        raise ReplayHookBroken(
+            f"flydsl {flydsl_version()} folds {list(flydsl_vars)} into its cache keys, "
+            f"KEY_ENV_VARS lists {list(KEY_ENV_VARS)}; update aiter/aot/flydsl/hooks.py"
+        )
+    _check_env_names()
 
 
 class _StandInArtifact:
@@ -157,10 +300,11 @@ def record_launches(mode: str) -> Iterator[list[KernelRequest]]:
     if mode not in (MODE_NAME, MODE_COMPILE):
         raise ValueError(f"mode must be {MODE_NAME!r} or {MODE_COMPILE!r}, got {mode!r}")
     self_test()
+    jf = _jit()
     requests: list[KernelRequest] = []
-    original_get = _jf.JitCacheManager.get
-    original_lock = _jf.JitCacheManager.compile_lock
-    original_call = _jf.JitFunction._compile_or_execute
+    original_get = jf.JitCacheManager.get
+    original_lock = jf.JitCacheManager.compile_lock
+    original_call = jf.JitFunction._compile_or_execute
 
     def note(manager: Any, key: str) -> None:
         calls = _calls()
@@ -187,7 +331,7 @@ def record_launches(mode: str) -> Iterator[list[KernelRequest]]:
         if self.cache_manager is None:
             raise ReplayHookBroken(
                 "FlyDSL's disk cache is off (FLYDSL_RUNTIME_ENABLE_CACHE=0 or an empty "
-                "FLYDSL_RUNTIME_CACHE_DIR); the AOT builder needs it on"
+                f"{ENV_CACHE_DIR}); the AOT builder needs it on"
             )
         call = _Call(self, _compile_time_params(self, args, kwargs))
         _calls().append(call)
@@ -209,9 +353,9 @@ def record_launches(mode: str) -> Iterator[list[KernelRequest]]:
 
     with ExitStack() as stack:
         for owner, name, replacement in (
-            (_jf.JitCacheManager, "get", get),
-            (_jf.JitCacheManager, "compile_lock", compile_lock),
-            (_jf.JitFunction, "_compile_or_execute", compile_or_execute),
+            (jf.JitCacheManager, "get", get),
+            (jf.JitCacheManager, "compile_lock", compile_lock),
+            (jf.JitFunction, "_compile_or_execute", compile_or_execute),
         ):
             original = getattr(owner, name)
             setattr(owner, name, replacement)
@@ -229,26 +373,16 @@ def register_stream_type(stream_type: type) -> None:
         JitArgumentRegistry.register(stream_type)(Stream)
 
 
-def flydsl_version() -> str:
-    return flydsl.__version__
-
-
 @contextmanager
 def guard_kernel_execution(raise_reached) -> Iterator[None]:
     """Make any attempt to run (not just compile) a FlyDSL kernel call `raise_reached`."""
-    original = _jf._build_call_state
-    _jf._build_call_state = raise_reached
+    jf = _jit()
+    original = jf._build_call_state
+    jf._build_call_state = raise_reached
     try:
         yield
     finally:
-        _jf._build_call_state = original
-
-
-def default_cache_dir() -> str:
-    """The directory FlyDSL's runtime reads kernels from (FLYDSL_RUNTIME_CACHE_DIR or its default)."""
-    from flydsl.utils.env import runtime
-
-    return str(runtime.cache_dir)
+        jf._build_call_state = original
 
 
 # --- code objects in cache entries ---
@@ -279,7 +413,7 @@ def extract_code_objects(entry_path: str | Path) -> list[bytes]:
                 return _ArtifactState
             raise ReplayHookBroken(
                 f"{entry_path}: cache entry pickles {module}.{name}, expected "
-                f"{'.'.join(artifact_class)} (flydsl {flydsl.__version__})"
+                f"{'.'.join(artifact_class)} (flydsl {flydsl_version()})"
             )
 
     with open(entry_path, "rb") as f:
@@ -288,7 +422,7 @@ def extract_code_objects(entry_path: str | Path) -> list[bytes]:
     if not isinstance(state, dict) or not ({"ir_zlib", "ir_text"} & state.keys()):
         raise ReplayHookBroken(
             f"{entry_path}: cache entry state has no 'ir_zlib' or 'ir_text' "
-            f"(flydsl {flydsl.__version__}); update aiter/aot/flydsl/hooks.py"
+            f"(flydsl {flydsl_version()}); update aiter/aot/flydsl/hooks.py"
         )
     if "ir_zlib" in state:
         ir_text = zlib.decompress(state["ir_zlib"]).decode("utf-8")

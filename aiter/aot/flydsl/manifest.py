@@ -1,17 +1,20 @@
-"""What an AOT-built cache holds, who asked for each kernel, and what built it.
+"""What an AOT-built cache holds: every kernel entry with its size and content hash, who asked
+for it, and the fingerprint of the build that made it, so a rebuild can tell it has nothing to do.
 
-One JSON file at the cache root; each build replaces its own (arch, module) part atomically.
+One JSON file at the cache root, replaced atomically; each build replaces its (arch, module) parts.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 MANIFEST_NAME = "aiter_aot_manifest.json"
-FORMAT = 1
+FORMAT = 2
 
 
 def manifest_path(cache_dir: str | Path) -> Path:
@@ -19,35 +22,114 @@ def manifest_path(cache_dir: str | Path) -> Path:
 
 
 def read_manifest(cache_dir: str | Path) -> dict[str, Any]:
+    """The manifest, or an empty one when there is none (or one of an older format)."""
     path = manifest_path(cache_dir)
+    empty = {"format": FORMAT, "archs": {}, "builds": {}}
     if not path.is_file():
-        return {"format": FORMAT, "archs": {}}
+        return empty
     try:
         data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise ValueError(
             f"{path}: not a valid aiter manifest ({err}); delete it to rebuild"
         ) from None
-    if data.get("format") != FORMAT:
-        raise ValueError(f"{path}: manifest format {data.get('format')!r}, expected {FORMAT}")
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        return empty  # written by another aiter: everything is replayed and it is rewritten
     return data
+
+
+def file_digest(path: str | Path) -> tuple[int, str]:
+    """Size and sha256 of a file."""
+    data = Path(path).read_bytes()
+    return len(data), hashlib.sha256(data).hexdigest()
+
+
+def build_key(modules: Iterable[str], targets: Iterable[str]) -> str:
+    return f"{','.join(sorted(modules))}|{';'.join(sorted(targets))}"
 
 
 def update_manifest(
     cache_dir: str | Path,
     arch: str,
     module: str,
-    kernels: dict[str, dict[str, Any]],
-    versions: dict[str, str],
+    kernels: Mapping[str, dict[str, Any]],
+    versions: Mapping[str, str],
 ) -> Path:
     """Replace `module`'s kernels for `arch`; other archs and modules are kept as they were.
 
     `kernels` maps a cache entry (path relative to the cache root) to its function,
-    compile-time parameters and the jobs that asked for it.
+    compile-time parameters, size, sha256 and the jobs that asked for it. Every build record
+    that covered this (arch, module) is dropped: its list of entries is no longer the one here.
     """
     data = read_manifest(cache_dir)
-    data["versions"] = versions
-    data["archs"].setdefault(arch, {})[module] = kernels
+    data["versions"] = dict(versions)
+    data["archs"].setdefault(arch, {})[module] = dict(kernels)
+    for key in [k for k, b in data["builds"].items() if arch in b["archs"] and module in b["modules"]]:
+        del data["builds"][key]
+    return _write(cache_dir, data)
+
+
+def record_build(
+    cache_dir: str | Path,
+    modules: Iterable[str],
+    archs: Iterable[str],
+    targets: Iterable[str],
+    fingerprint: str,
+    inputs: Mapping[str, Any],
+) -> Path:
+    """Say that a build of `modules` for `targets` with this fingerprint completed."""
+    data = read_manifest(cache_dir)
+    data["builds"][build_key(modules, targets)] = {
+        "fingerprint": fingerprint,
+        "modules": sorted(modules),
+        "archs": sorted(archs),
+        "inputs": dict(inputs),
+    }
+    return _write(cache_dir, data)
+
+
+def memo_entries(
+    data: Mapping[str, Any], modules: Iterable[str], targets: Iterable[str], fingerprint: str
+) -> dict[str, dict[str, Any]] | None:
+    """The entries a completed build with this fingerprint listed (relative path -> record), or
+    None when no such build is recorded."""
+    build = data.get("builds", {}).get(build_key(modules, targets))
+    if not build or build.get("fingerprint") != fingerprint:
+        return None
+    entries: dict[str, dict[str, Any]] = {}
+    for arch in build["archs"]:
+        for module in build["modules"]:
+            kernels = data["archs"].get(arch, {}).get(module)
+            if kernels is None:
+                return None
+            for rel, record in kernels.items():
+                entries[rel] = {**record, "arch": arch}
+    return entries
+
+
+def entry_problem(cache_dir: str | Path, rel: str, record: Mapping[str, Any]) -> str | None:
+    """Why an entry the manifest lists is not the one the build wrote, or None when it is:
+    missing, another size or content, or not an AMDGPU code object of the arch it serves."""
+    from aiter.aot.flydsl import hooks
+    from aiter.aot.flydsl.elf import code_object_arch
+
+    path = Path(cache_dir) / rel
+    if not path.is_file():
+        return "missing"
+    size, digest = file_digest(path)
+    if size != record.get("size") or digest != record.get("sha256"):
+        return f"changed since the build (size {size}, recorded {record.get('size')})"
+    try:
+        codes = hooks.extract_code_objects(path)
+        archs = {code_object_arch(code) for code in codes}
+    except Exception as err:  # a corrupt entry is reported, never raised
+        return f"not a readable FlyDSL entry ({type(err).__name__}: {err})"
+    if archs != {record["arch"]}:
+        return f"holds code objects for {sorted(archs) or 'no arch'}, expected {record['arch']}"
+    return None
+
+
+def _write(cache_dir: str | Path, data: Mapping[str, Any]) -> Path:
     path = manifest_path(cache_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{MANIFEST_NAME}.{os.getpid()}")

@@ -1,302 +1,491 @@
-"""The per-arch replay process: names every job's kernels by bisection inside a dry run, then
-compiles the missing kernel sets in forked workers and reports back to the driver as JSON.
+"""The per-arch replay process: names every job's kernels by bisection inside a dry run, and
+compiles each missing kernel set in forked workers while naming goes on.
 
-Run by the driver as `python -m aiter.aot.flydsl.replay --arch-process ...`, one per arch.
+Run by the driver as `python -m aiter.aot.flydsl.replay --arch-process ...`, one per arch, all
+modules in one process; the workers of every arch process share the driver's budget.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
+import heapq
 import json
 import os
+import random
 import resource
 import sys
 import time
-from collections.abc import Sequence
+import zlib
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from aiter.aot.flydsl.jobs import (
+from aiter.aot.flydsl import registry
+from aiter.aot.flydsl.jobs import Family, Job
+from aiter.aot.flydsl.protocol import (
     EXIT_OK,
     EXIT_USAGE,
     FAIL,
     MODE_BUILD,
     MODE_CHECK,
     MODE_LIST,
+    MODES,
     OK,
     REFUSED,
     SKIP,
     UNREACHED,
-    Family,
-    Job,
-    entry_path,
-    progress,
+    ArchReport,
+    CompileResult,
+    CompileTask,
+    Finding,
+    JobInfo,
+    JobResult,
+    KernelRef,
+    Missing,
+    Sample,
+    Segment,
+    from_json,
+    to_json,
 )
 
+DEFAULT_COMPILE_SECONDS = 1.0  # estimate for a kernel function no earlier build has timed
+NAMING_CHUNK = 8  # jobs a naming worker takes at once: small, so compiles interleave
 
-def _naming(job: Job, m: int):
-    """The kernels and dispatch records of the public entry at M, compiling nothing."""
+
+class Progress:
+    """Counts sent to the driver as JSON lines on a pipe (nothing when run without a driver)."""
+
+    def __init__(self, fd: int | None, budget: Any = None) -> None:
+        self._out = os.fdopen(fd, "w", buffering=1) if fd is not None else None
+        self._budget = budget
+        self._last = 0.0
+        self.counts: dict[str, Any] = {
+            "jobs_total": 0,
+            "jobs_done": 0,
+            "kernels_to_compile": 0,
+            "kernels_compiled": 0,
+            "failed": 0,
+            "phase": "naming",
+        }
+
+    def update(self, force: bool = False, **counts: Any) -> None:
+        self.counts.update(counts)
+        now = time.monotonic()
+        if self._out is None or (not force and now - self._last < 0.2):
+            return
+        self._last = now
+        held = self._budget.held if self._budget is not None else 0
+        self._out.write(json.dumps({**self.counts, "held": held}) + "\n")
+
+
+# --- naming ---
+
+
+def _kernel_ref(request: Any) -> KernelRef:
+    return KernelRef(
+        function=request.function,
+        cache_dir=request.cache_dir,
+        key=request.key,
+        file=request.file_name,
+        params=request.describe_params(),
+    )
+
+
+def _naming(job: Job, values: Mapping[str, int]) -> tuple[tuple[KernelRef, ...], tuple[str, ...]]:
+    """The kernels and serving backends of the public entry at `values`, compiling nothing."""
     from aiter import dispatch
     from aiter.aot.flydsl import hooks
     from aiter.aot.flydsl.dry_run import dry_run
 
-    with dispatch.observe() as records, dry_run(job.arch, job.cu_num, hooks.MODE_NAME) as requests:
-        job.call(m)
-    kernels = tuple(sorted({(r.cache_dir, r.key): r for r in requests}.values(), key=_req_order))
-    backends = tuple(sorted({r.backend for r in records}))
-    return kernels, backends
+    info = job.info
+    with dispatch.observe() as records, dry_run(info.arch, info.cu_num, hooks.MODE_NAME) as reqs:
+        job.call(**values)
+    kernels = {k.path: k for k in map(_kernel_ref, reqs)}
+    ordered = tuple(sorted(kernels.values(), key=lambda k: (k.function, k.file)))
+    return ordered, tuple(sorted({r.backend for r in records}))
 
 
-def _req_order(request) -> tuple[str, str]:
-    return (request.function, request.file_name)
-
-
-def _replayed_ranges(job: Job, limit: int) -> tuple[list[tuple[int, int]], str | None]:
-    """Ranges of M to replay, and what was refused, under the family's in-between limit."""
-    ranges: list[tuple[int, int]] = []
-    if job.m_lo <= limit:
-        ranges.append((job.m_lo, min(job.m_hi, limit)))
-    if job.m_row > limit:
-        ranges.append((job.m_row, job.m_row))
-    refused = None
-    if job.m_hi > limit:
-        lo = max(job.m_lo, limit + 1)
-        hi = job.m_hi if job.m_row != job.m_hi else job.m_hi - 1
-        if lo <= hi:
-            refused = f"in-between M {lo}-{hi} above the module's limit {limit} not replayed"
+def _replayed_ranges(info: JobInfo, limit: int | None) -> tuple[list[tuple[int, int]], str]:
+    """Ranges of the axis to replay under a module's limit, and what the limit refused."""
+    if limit is None or info.hi <= limit:
+        return [(info.lo, info.hi)], ""
+    ranges = [(info.lo, limit)] if info.lo <= limit else []
+    tabled = info.tabled
+    if tabled is not None and tabled > limit and info.lo <= tabled <= info.hi:
+        ranges.append((tabled, tabled))
+    lo = max(info.lo, limit + 1)
+    refused = f"in-between {info.axis} {lo}-{info.hi} above the module's limit {limit} not replayed"
+    if tabled is not None and tabled > limit:
+        refused += f" (the tabled {info.axis} {tabled} is)"
     return ranges, refused
 
 
-def _job_result(job: Job) -> dict[str, Any]:
-    """A job's report before naming: where it comes from, no segments yet."""
-    return {
-        "job": job.describe(),
-        "table": job.table,
-        "row": job.row,
-        "arch": job.arch,
-        "cu_num": job.cu_num,
-        "m_lo": job.m_lo,
-        "m_hi": job.m_hi,
-        "variant": job.variant,
-        "segments": [],
-        "message": "",
-    }
+def _sample_points(info: JobInfo, segments: list[Segment], count: int, seed: int) -> list:
+    """`count` random points inside every segment of width > 1, or inside the job's grid cell."""
+    rng = random.Random(seed ^ zlib.crc32(info.describe().encode()))
+    points: list[tuple[dict[str, int], int]] = []
+    if info.cell:
+        for _ in range(count):
+            values = {axis: rng.randint(lo, hi) for axis, (lo, hi) in info.cell.items()}
+            points.append((values, -1))
+        return points
+    for index, seg in enumerate(segments):
+        if seg.hi > seg.lo:
+            points += [(info.values(rng.randint(seg.lo, seg.hi)), index) for _ in range(count)]
+    return points
 
 
-def _name_job(job: Job, limit: int) -> dict[str, Any]:
+def name_job(job: Job, limit: int | None, sample: int = 0, seed: int = 0) -> JobResult:
+    """Every segment of the job's range with the kernels it asks for, and a tag."""
     from aiter.aot.flydsl.bisection import segments
 
-    result = _job_result(job)
-    ranges, refused = _replayed_ranges(job, limit)
-    requests: dict[tuple[str, str], Any] = {}
+    info = job.info
+    result = JobResult(info)
+    ranges, refused = _replayed_ranges(info, limit)
+    cpu = time.process_time()
     backends: set[str] = set()
+
+    def at(value: int):
+        result.probes += 1
+        return _naming(job, info.values(value))
+
     try:
         for lo, hi in ranges:
-            for seg in segments(lambda m: _naming(job, m), lo, hi):
+            for seg in segments(at, lo, hi):
                 kernels, seg_backends = seg.value
                 backends.update(seg_backends)
-                for r in kernels:
-                    requests[(r.cache_dir, r.key)] = r
-                result["segments"].append(
-                    {"m_lo": seg.m_lo, "m_hi": seg.m_hi, "kernels": [_req_json(r) for r in kernels]}
-                )
+                result.segments.append(Segment(seg.lo, seg.hi, list(kernels), list(seg_backends)))
+        for values, index in _sample_points(info, result.segments, sample, seed):
+            result.probes += 1
+            kernels, _ = _naming(job, values)
+            result.samples.append(Sample(values, index, list(kernels)))
     except NotImplementedError as err:
-        result.update(tag=SKIP, message=f"runtime declines: {err}", segments=[])
-        return result
+        result.tag, result.message, result.segments = SKIP, f"runtime declines: {err}", []
     except Exception as err:  # every other failure fails this job only
-        result.update(tag=FAIL, message=f"{type(err).__name__}: {err}")
-        return result
-    if not requests:
-        if backends and "flydsl" not in backends:
-            result.update(tag=UNREACHED, message=f"served by {', '.join(sorted(backends))}")
-        else:
-            result.update(tag=FAIL, message="the call launched no FlyDSL kernel and reported none")
-        return result
-    result["tag"] = REFUSED if refused else OK
-    result["message"] = refused or ""
+        result.tag, result.message = FAIL, f"{type(err).__name__}: {err}"
+    else:
+        if not any(seg.kernels for seg in result.segments):
+            if backends and "flydsl" not in backends:
+                result.tag, result.message = UNREACHED, f"served by {', '.join(sorted(backends))}"
+            else:
+                result.tag = FAIL
+                result.message = "the call launched no FlyDSL kernel and reported none"
+        elif refused:
+            result.tag, result.message = REFUSED, refused
+    result.naming_cpu = time.process_time() - cpu
     return result
 
 
-def _req_json(request) -> dict[str, Any]:
-    return {
-        "function": request.function,
-        "cache_dir": request.cache_dir,
-        "key": request.key,
-        "file": request.file_name,
-        "params": request.describe_params(),
-    }
+# --- compiling ---
 
 
-def _compile_task(task: dict[str, Any], jobs: list[Job]) -> dict[str, Any]:
-    """Runs in a forked worker: call the public entry at M with compiling on."""
+def compile_task(job: Job, task: CompileTask) -> dict[str, Any]:
+    """Runs in a forked worker: call the public entry at the task's point with compiling on."""
     from aiter.aot.flydsl import hooks
     from aiter.aot.flydsl.dry_run import dry_run
 
-    job = jobs[task["job"]]
-    before = {f for f in task["files"] if Path(f).is_file()}
+    before = {f for f in task.files if Path(f).is_file()}
     start = time.perf_counter()
-    with dry_run(job.arch, job.cu_num, hooks.MODE_COMPILE):
-        job.call(task["m"])
+    with dry_run(job.info.arch, job.info.cu_num, hooks.MODE_COMPILE):
+        job.call(**task.values)
     seconds = time.perf_counter() - start
-    missing = [f for f in task["files"] if not Path(f).is_file()]
+    missing = [f for f in task.files if not Path(f).is_file()]
     if missing:
         raise RuntimeError(f"compiled, but no cache entry was written for {', '.join(missing)}")
     return {
         "seconds": seconds,
-        "compiled": [f for f in task["files"] if f not in before],
+        "compiled": [f for f in task.files if f not in before],
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
 
-def _plan_compiles(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One task per distinct missing kernel set; each missing kernel is compiled once."""
-    scheduled: set[str] = set()
+def plan_compiles(
+    index: int, result: JobResult, scheduled: set[str], estimates: Mapping[str, float]
+) -> list[CompileTask]:
+    """A task per segment whose kernel set holds a kernel not yet on disk nor scheduled."""
+    if result.tag not in (OK, REFUSED):
+        return []
     tasks = []
-    for index, result in enumerate(results):
-        if result["tag"] not in (OK, REFUSED):
+    for seg in result.segments:
+        files = [str(k.path) for k in seg.kernels]
+        todo = [k for k in seg.kernels if str(k.path) not in scheduled and not k.path.is_file()]
+        if not todo:
             continue
-        for seg in result["segments"]:
-            files = [str(entry_path(k)) for k in seg["kernels"]]
-            todo = [f for f in files if f not in scheduled and not Path(f).is_file()]
-            if todo:
-                scheduled.update(files)
-                tasks.append({"job": index, "m": seg["m_lo"], "files": files})
+        scheduled.update(files)
+        tasks.append(
+            CompileTask(
+                job=index,
+                values=result.job.values(seg.lo),
+                files=files,
+                functions=[k.function for k in seg.kernels],
+                estimate=sum(estimates.get(k.function, DEFAULT_COMPILE_SECONDS) for k in todo),
+            )
+        )
     return tasks
 
 
-def _name_chunk(jobs: list[Job], indices: list[int], limit: int, arch: str) -> list[dict]:
-    results = []
-    for index in indices:
-        results.append(_name_job(jobs[index], limit))
-        progress(
-            f"[{arch}] named job {index + 1}/{len(jobs)}: {results[-1]['tag']} {jobs[index].describe()}"
-        )
-    return results
+# --- the audit after naming ---
 
 
-def _name_jobs(jobs: list[Job], limit: int, workers: int, arch: str) -> list[dict[str, Any]]:
-    """Name every job's kernels; with several workers, in forked children after a warm-up.
-
-    The first job is named here, so imports, FakeTensorMode and FlyDSL's per-function state
-    are ready before the fork; the rest is dealt out round-robin and put back in order.
-    """
-    from aiter.aot.flydsl.workers import run_forked
-
-    if not jobs:
-        return []
-    first = _name_chunk(jobs, [0], limit, arch)
-    rest = list(range(1, len(jobs)))
-    if workers == 1 or len(rest) < 2 * workers:
-        return first + _name_chunk(jobs, rest, limit, arch)
-    chunks = [rest[i::workers] for i in range(workers)]
-    outcomes = run_forked(chunks, lambda chunk: _name_chunk(jobs, chunk, limit, arch), workers)
-    results: list[dict[str, Any] | None] = [first[0]] + [None] * len(rest)
-    for chunk, outcome in zip(chunks, outcomes, strict=True):
-        if not outcome.ok:  # every job of a dead worker fails; the others stand
-            for index in chunk:
-                message = f"naming worker: {outcome.error}"
-                results[index] = {**_job_result(jobs[index]), "tag": FAIL, "message": message}
+def audit(results: list[JobResult], mode: str) -> None:
+    """Find kernels the cache lacks, and sampled kernels no probe named; fail those jobs."""
+    group_kernels: dict[str, set[Path]] = {}
+    for r in results:
+        if r.job.group:
+            group_kernels.setdefault(r.job.group, set()).update(k.path for k in r.kernels())
+    for r in results:
+        if r.tag not in (OK, REFUSED):
             continue
-        for index, result in zip(chunk, outcome.result, strict=True):
-            results[index] = result
-    return results
+        if mode != MODE_LIST:
+            r.missing = [
+                Missing(k, seg.lo, seg.hi)
+                for seg in r.segments
+                for k in seg.kernels
+                if not k.path.is_file()
+            ]
+        for s in r.samples:
+            probed = (
+                {k.path for k in r.segments[s.segment].kernels}
+                if s.segment >= 0
+                else group_kernels.get(r.job.group, set())
+            )
+            for k in s.kernels:
+                if k.path not in probed:
+                    r.findings.append(Finding("unprobed", s.values, k))
+                elif not k.path.is_file():
+                    r.findings.append(Finding("missing", s.values, k))
+        problems = []
+        if r.missing:
+            problems.append(f"{len(r.missing)} kernel(s) missing from the cache")
+        unprobed = sum(f.problem == "unprobed" for f in r.findings)
+        if unprobed:
+            problems.append(f"{unprobed} sampled kernel(s) that bisection did not name")
+        if r.findings and not unprobed:
+            problems.append(f"{len(r.findings)} sampled kernel(s) missing from the cache")
+        if problems and mode != MODE_LIST:
+            r.tag, r.message = FAIL, "; ".join(problems)
+
+
+# --- the scheduler ---
+
+
+class _Scheduler:
+    """Naming chunks and compile tasks on one pool of forked workers; compiles first, longest
+    first, so compiling starts while naming goes on."""
+
+    def __init__(self, jobs, limits, mode, sample, seed, estimates, pool, progress) -> None:
+        self.jobs: list[Job] = jobs
+        self.limits: list[int | None] = limits
+        self.mode, self.sample, self.seed = mode, sample, seed
+        self.estimates = estimates
+        self.pool = pool
+        self.progress = progress
+        self.results: list[JobResult | None] = [None] * len(jobs)
+        self.compiles: list[CompileResult] = []
+        self.scheduled: set[str] = set()
+        self.heap: list[tuple[float, int, CompileTask]] = []
+        self.serial = 0
+        self.kernels_to_compile = 0
+        self.kernels_compiled = 0
+
+    def name_here(self, index: int) -> None:
+        job = self.jobs[index]
+        self.accept(index, name_job(job, self.limits[index], self.sample, self.seed))
+
+    def accept(self, index: int, result: JobResult) -> None:
+        self.results[index] = result
+        if self.mode == MODE_BUILD:
+            for task in plan_compiles(index, result, self.scheduled, self.estimates):
+                self.serial += 1
+                self.kernels_to_compile += len(task.files)
+                heapq.heappush(self.heap, (-task.estimate, self.serial, task))
+        self.report()
+
+    def report(self, force: bool = False) -> None:
+        done = sum(r is not None for r in self.results)
+        failed = sum(r is not None and r.tag == FAIL for r in self.results)
+        phase = "naming" if done < len(self.jobs) else "compiling" if self.pool.busy else "done"
+        self.progress.update(
+            force,
+            jobs_total=len(self.jobs),
+            jobs_done=done,
+            kernels_to_compile=self.kernels_to_compile,
+            kernels_compiled=self.kernels_compiled,
+            failed=failed,
+            phase=phase,
+        )
+
+    def run(self, pending: list[int]) -> None:
+        chunks = [pending[i : i + NAMING_CHUNK] for i in range(0, len(pending), NAMING_CHUNK)]
+        while chunks or self.heap or self.pool.busy:
+            while (chunks or self.heap) and self.pool.reserve():
+                if self.heap:
+                    task = heapq.heappop(self.heap)[2]
+                    self.pool.start(("compile", task), task, self._compile_in_child)
+                else:
+                    chunk = chunks.pop(0)
+                    self.pool.start(("name", chunk), chunk, self._name_in_child)
+            finished = self.pool.wait(timeout=0.1)
+            if finished is not None:
+                (kind, what), outcome = finished
+                if kind == "name":
+                    self._named(what, outcome)
+                else:
+                    self._compiled(what, outcome)
+            self.report()
+        self.report(force=True)
+
+    def _name_in_child(self, chunk: list[int]) -> list[Any]:
+        return [
+            to_json(name_job(self.jobs[i], self.limits[i], self.sample, self.seed)) for i in chunk
+        ]
+
+    def _compile_in_child(self, task: CompileTask) -> dict[str, Any]:
+        return compile_task(self.jobs[task.job], task)
+
+    def _named(self, chunk: list[int], outcome: Any) -> None:
+        for position, index in enumerate(chunk):
+            if outcome.ok:
+                result = from_json(JobResult, outcome.result[position])
+            else:  # every job of a dead naming worker fails; the others stand
+                result = JobResult(
+                    self.jobs[index].info, FAIL, f"naming worker: {outcome.error}"
+                )
+            self.accept(index, result)
+
+    def _compiled(self, task: CompileTask, outcome: Any) -> None:
+        if outcome.ok:
+            compiled = CompileResult(task, True, **outcome.result)
+            self.kernels_compiled += len(compiled.compiled)
+        else:
+            compiled = CompileResult(task, False, error=outcome.error or "")
+            failed = self.results[task.job]
+            where = ", ".join(f"{k}={v}" for k, v in task.values.items())
+            failed.tag, failed.message = FAIL, f"compile at {where}: {outcome.error}"
+        self.compiles.append(compiled)
 
 
 def replay_arch(
-    family: Family, arch: str, cu_nums: frozenset[int] | None, mode: str, workers: int
-) -> dict[str, Any]:
-    """Everything one arch's process does; returns a JSON-able report."""
+    families: Sequence[Family],
+    arch: str,
+    cu_nums: frozenset[int] | None,
+    mode: str,
+    workers: int,
+    *,
+    maxima: Mapping[str, int] | None = None,
+    sample: int = 0,
+    seed: int = 0,
+    estimates: Mapping[str, float] | None = None,
+    budget: Any = None,
+    progress: Progress | None = None,
+) -> ArchReport:
+    """Everything one arch's process does."""
     import torch
 
-    from aiter.aot.flydsl.workers import run_forked
+    from aiter.aot.flydsl.workers import ForkPool
 
     torch.set_num_threads(1)  # workers are processes; threads would only contend
     start = time.perf_counter()
+    progress = progress or Progress(None)
     jobs: list[Job] = []
-    for spec in family.tables:
-        jobs += family.make_jobs(spec, spec.load(), arch, cu_nums)
-    results = _name_jobs(jobs, family.inbetween_limit, workers, arch)
-    naming_seconds = time.perf_counter() - start
+    limits: list[int | None] = []
+    report = ArchReport(arch=arch, mode=mode, workers=workers)
+    for family in families:
+        family_jobs = family.jobs(arch, cu_nums, maxima or {})
+        jobs += family_jobs
+        limits += [family.limits.get(job.info.axis) for job in family_jobs]
+        if any(family.limits.get(j.info.axis) is not None for j in family_jobs):
+            report.limits += family.describe_limits()
+    pool = ForkPool(workers, budget)
+    scheduler = _Scheduler(
+        jobs, limits, mode, sample, seed, estimates or {}, pool, progress
+    )
+    try:
+        if jobs:
+            # Named here, so imports, FakeTensorMode and FlyDSL's state are warm before forking.
+            scheduler.name_here(0)
+            scheduler.run(list(range(1, len(jobs))))
+    finally:
+        pool.close()
+    report.results = [r for r in scheduler.results if r is not None]
+    report.compiles = scheduler.compiles
+    audit(report.results, mode)
+    report.naming_seconds = sum(r.naming_cpu for r in report.results)
+    report.seconds = time.perf_counter() - start
+    return report
 
-    compile_outcomes: list[dict[str, Any]] = []
-    if mode == MODE_BUILD:
-        tasks = _plan_compiles(results)
-        progress(f"[{arch}] {len(tasks)} kernel sets to compile with {workers} workers")
-        outcomes = run_forked(
-            tasks,
-            lambda task: _compile_task(task, jobs),
-            workers,
-            on_done=lambda o: progress(
-                f"[{arch}] compiled {o.index + 1}/{len(tasks)}: {'ok' if o.ok else o.error}"
-            ),
-        )
-        for task, outcome in zip(tasks, outcomes, strict=True):
-            compile_outcomes.append(
-                {**task, "ok": outcome.ok, "error": outcome.error, **(outcome.result or {})}
-            )
-            if not outcome.ok:
-                failed = results[task["job"]]
-                failed.update(tag=FAIL, message=f"compile at M={task['m']}: {outcome.error}")
 
-    for result in results:
-        if result["tag"] not in (OK, REFUSED):
-            continue
-        missing = [
-            {**k, "m_lo": seg["m_lo"], "m_hi": seg["m_hi"]}
-            for seg in result["segments"]
-            for k in seg["kernels"]
-            if not entry_path(k).is_file()
-        ]
-        result["missing"] = missing
-        if missing and mode != MODE_LIST:
-            result["tag"] = FAIL
-            result["message"] = f"{len(missing)} kernel(s) missing from the cache"
-    return {
-        "arch": arch,
-        "mode": mode,
-        "results": results,
-        "compiles": compile_outcomes,
-        "naming_seconds": naming_seconds,
-        "seconds": time.perf_counter() - start,
-        "workers": workers,
-    }
+def _parse_maxima(items: Sequence[str]) -> dict[str, int]:
+    maxima = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        maxima[name] = int(value)
+    return maxima
 
 
 def arch_process_main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(prog="aiter.aot.flydsl.replay (arch process)")
-    parser.add_argument("--family", required=True)
+    parser.add_argument("--module", action="append", required=True)
     parser.add_argument("--arch", required=True)
     parser.add_argument("--cu-num", type=int, action="append")
-    parser.add_argument("--mode", choices=(MODE_BUILD, MODE_LIST, MODE_CHECK), required=True)
+    parser.add_argument("--mode", choices=MODES, required=True)
     parser.add_argument("--workers", type=int, required=True)
     parser.add_argument("--result", required=True)
+    parser.add_argument("--max", action="append", default=[])
+    parser.add_argument("--sample", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--estimates")
+    parser.add_argument("--progress-fd", type=int)
     args = parser.parse_args(argv)
     from aiter.toolchain import configure_linker
 
     configure_linker()
     from aiter.aot.flydsl import hooks
+    from aiter.aot.flydsl.budget import WorkerBudget
 
     # FlyDSL reads its target from the environment; a process that would compile for another
     # arch than it replays must not write a single cache entry.
     target = hooks.flydsl_target_arch()
-    if target != args.arch or os.environ.get("ARCH") != args.arch:
+    arch_env = os.environ.get(hooks.ENV_ARCH)
+    if target != args.arch or arch_env != args.arch:
         print(
             f"error: replay process for {args.arch} finds FlyDSL targeting {target} "
-            f"(ARCH={os.environ.get('ARCH')!r}); "
-            "set FLYDSL_GPU_ARCH and ARCH to the arch being replayed",
+            f"({hooks.ENV_ARCH}={arch_env!r}); set "
+            f"{' and '.join(hooks.target_env(args.arch))} as hooks.target_env says",
             file=sys.stderr,
         )
         return EXIT_USAGE
-    family = importlib.import_module(args.family).FAMILY
-    cu_nums = frozenset(args.cu_num) if args.cu_num else None
-    report = replay_arch(family, args.arch, cu_nums, args.mode, args.workers)
-    Path(args.result).write_text(json.dumps(report))
+    families = [registry.load(path) for path in args.module]
+    budget = WorkerBudget.from_env()
+    estimates = json.loads(Path(args.estimates).read_text()) if args.estimates else {}
+    report = replay_arch(
+        families,
+        args.arch,
+        frozenset(args.cu_num) if args.cu_num else None,
+        args.mode,
+        args.workers,
+        maxima=_parse_maxima(args.max),
+        sample=args.sample,
+        seed=args.seed,
+        estimates=estimates,
+        budget=budget,
+        progress=Progress(args.progress_fd, budget),
+    )
+    if budget is not None:
+        budget.release_all()
+    tmp = Path(args.result).with_suffix(".tmp")
+    tmp.write_text(json.dumps(to_json(report)))
+    os.replace(tmp, args.result)
     return EXIT_OK
+
+
+def _usage(message: str) -> Callable[[], int]:
+    print(message, file=sys.stderr)
+    return EXIT_USAGE
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--arch-process":
         sys.exit(arch_process_main(sys.argv[2:]))
-    print("run an AOT module instead, e.g. python -m aiter.aot.flydsl.gemm", file=sys.stderr)
+    print("run an AOT module instead, e.g. python -m aiter.aot.flydsl", file=sys.stderr)
     sys.exit(EXIT_USAGE)

@@ -60,46 +60,87 @@ def _child(task: Any, run: Callable[[Any], Any], out_path: Path) -> None:
         os._exit(code)
 
 
+class ForkPool:
+    """Forked workers started one task at a time, at most `workers` at once and, with a budget
+    shared by several processes, only while a token of that budget is held."""
+
+    def __init__(self, workers: int, budget: Any = None) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.workers = workers
+        self.budget = budget  # a WorkerBudget, or None for this process alone
+        self._running: dict[int, tuple[Any, Path]] = {}  # pid -> (task key, result file)
+        self._tmp = tempfile.TemporaryDirectory(prefix="aiter-workers-")
+        self._serial = 0
+
+    @property
+    def busy(self) -> int:
+        return len(self._running)
+
+    def reserve(self) -> bool:
+        """Claim a slot for one more worker; True means start() may be called once."""
+        if len(self._running) >= self.workers:
+            return False
+        return self.budget is None or self.budget.try_acquire()
+
+    def start(self, key: Any, task: Any, run: Callable[[Any], Any]) -> None:
+        """Fork a worker for `task` in a slot claimed by reserve()."""
+        self._serial += 1
+        out_path = Path(self._tmp.name) / f"{self._serial}.json"
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            _child(task, run, out_path)
+        self._running[pid] = (key, out_path)
+
+    def wait(self, timeout: float | None = None) -> tuple[Any, TaskOutcome] | None:
+        """Reap one finished worker: (its task key, outcome); None if none ended in `timeout`."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self._running:
+            for pid in list(self._running):
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    key, out_path = self._running.pop(pid)
+                    if self.budget is not None:
+                        self.budget.release()
+                    return key, _collect(-1, status, out_path)
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+            time.sleep(POLL_SECONDS)
+        return None
+
+    def close(self) -> None:
+        self._tmp.cleanup()
+
+
 def run_forked(
     tasks: Sequence[Any],
     run: Callable[[Any], Any],
     workers: int,
     on_done: Callable[[TaskOutcome], None] | None = None,
+    budget: Any = None,
 ) -> list[TaskOutcome]:
     """Run `run(task)` for each task in a forked child, at most `workers` at once."""
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
+    pool = ForkPool(workers, budget)
     outcomes: list[TaskOutcome | None] = [None] * len(tasks)
-    running: dict[int, tuple[int, Path]] = {}  # pid -> (task index, result file)
     pending = list(range(len(tasks)))
-    with tempfile.TemporaryDirectory(prefix="aiter-workers-") as tmp:
-        while pending or running:
-            while pending and len(running) < workers:
+    try:
+        while pending or pool.busy:
+            while pending and pool.reserve():
                 index = pending.pop(0)
-                out_path = Path(tmp) / f"{index}.json"
-                sys.stdout.flush()
-                sys.stderr.flush()
-                pid = os.fork()
-                if pid == 0:
-                    _child(tasks[index], run, out_path)
-                running[pid] = (index, out_path)
-            pid, status = _wait_for_one(running)
-            index, out_path = running.pop(pid)
-            outcome = _collect(index, status, out_path)
+                pool.start(index, tasks[index], run)
+            finished = pool.wait(timeout=0.05)
+            if finished is None:
+                continue
+            index, outcome = finished
+            outcome = TaskOutcome(index, outcome.ok, outcome.result, outcome.error)
             outcomes[index] = outcome
             if on_done is not None:
                 on_done(outcome)
+    finally:
+        pool.close()
     return [o for o in outcomes if o is not None]
-
-
-def _wait_for_one(running: dict[int, tuple[int, Path]]) -> tuple[int, int]:
-    """Reap one of our own workers; other children of this process keep their status."""
-    while True:
-        for pid in running:
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                return pid, status
-        time.sleep(POLL_SECONDS)
 
 
 def _collect(index: int, status: int, out_path: Path) -> TaskOutcome:

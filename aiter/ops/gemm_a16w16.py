@@ -8,13 +8,13 @@ from __future__ import annotations
 import torch
 
 from aiter import device
-from aiter.ops import gemm_a16w16_config as a16w16
+from aiter.ops import gemm_config, gemm_tables
 from aiter.ops.flydsl.gemm_a16w16 import K_MULTIPLE, N_MULTIPLE, launch_gemm_a16w16
 from aiter.ops.gemm_plan import plan
-from aiter.ops.tables import A16W16
+from aiter.ops.gemm_tables import A16W16
 
-A16W16_INPUT_DTYPES = (torch.bfloat16, torch.float16)
-A16W16_OUT_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+A16W16_INPUT_DTYPES = tuple(getattr(torch, n) for n in gemm_tables.A16W16_INPUT_DTYPES)
+A16W16_OUT_DTYPES = tuple(getattr(torch, n) for n in gemm_tables.A16W16_OUT_DTYPES)
 
 
 def _check_matrix(name: str, t: object, dtypes: tuple[torch.dtype, ...]) -> torch.Tensor:
@@ -80,7 +80,7 @@ def gemm_a16w16(
         "dtype": str(A.dtype),
         "outdtype": str(out_dtype),
     }
-    served = plan("gemm_a16w16", A16W16, a16w16.FAMILY, key, m, n, k)
+    served = plan("gemm_a16w16", A16W16, gemm_config.A16W16, key, m, n, k)
     if served.use_torch:
         served.report()
         out = torch.matmul(A, B.mT).to(out_dtype)

@@ -1,0 +1,50 @@
+"""The one list of AOT modules: `python -m aiter.aot.flydsl` replays every module named here,
+and each module's `FAMILY` names its tables. Nothing else lists modules or tables.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from collections.abc import Sequence
+
+from aiter.aot.flydsl.jobs import Family, module_file
+
+MODULES: dict[str, str] = {
+    "gemm": "aiter.aot.flydsl.gemm",
+}
+# More modules for one run (tests, out-of-tree operator families): import paths, comma-separated.
+EXTRA_MODULES_ENV = "AITER_AOT_EXTRA_MODULES"
+
+
+def registered() -> dict[str, str]:
+    """Short name -> import path of every module the combined build replays."""
+    modules = dict(MODULES)
+    for path in os.environ.get(EXTRA_MODULES_ENV, "").split(","):
+        if path.strip():
+            modules[path.strip().rsplit(".", 1)[-1]] = path.strip()
+    return modules
+
+
+def load(path: str) -> Family:
+    """The Family an AOT module declares, with its source file recorded."""
+    module = importlib.import_module(path)
+    family = getattr(module, "FAMILY", None)
+    if not isinstance(family, Family):
+        raise ValueError(f"{path} declares no FAMILY: an AOT module must define FAMILY = Family(...)")
+    if not family.source:
+        object.__setattr__(family, "source", module_file(module))
+    return family
+
+
+def select(names: Sequence[str] | None) -> dict[str, str]:
+    """The modules `--module a,b` names (all registered when None); ValueError lists the choices."""
+    modules = registered()
+    if not names:
+        return modules
+    unknown = [n for n in names if n not in modules and n not in modules.values()]
+    if unknown:
+        raise ValueError(
+            f"--module {','.join(unknown)}: no such AOT module; registered: {', '.join(modules)}"
+        )
+    return {n: p for n, p in modules.items() if n in names or p in names}

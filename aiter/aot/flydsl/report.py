@@ -1,0 +1,105 @@
+"""What the AOT command prints on stdout: every FAIL and SKIP in full (every job with --verbose),
+the kernels of each segment under --list, every missing kernel under --check, and one summary
+table per build (per arch and module: jobs per tag, kernels requested / compiled / missing).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from aiter.aot.flydsl.protocol import (
+    FAIL,
+    MODE_CHECK,
+    MODE_LIST,
+    SKIP,
+    TAGS,
+    ArchReport,
+    JobResult,
+)
+
+
+def _job_line(result: JobResult) -> str:
+    note = f"  {result.message}" if result.message else ""
+    return f"{result.tag:<9} {result.job.module} {result.job.describe()}{note}"
+
+
+def print_job_lines(report: ArchReport, mode: str, verbose: bool) -> None:
+    if report.crashed:
+        print(f"FAIL      {report.arch}: {report.crashed}")
+        return
+    for result in report.results:
+        shown = verbose or mode == MODE_LIST or result.tag in (FAIL, SKIP)
+        if shown:
+            print(_job_line(result))
+        if mode == MODE_LIST:
+            for seg in result.segments:
+                names = ", ".join(k.label() for k in seg.kernels) or (
+                    f"(no FlyDSL kernel: served by {', '.join(seg.backends) or 'nothing'})"
+                )
+                print(f"          {result.job.axis} {seg.lo}-{seg.hi}: {names}")
+        if mode == MODE_CHECK:
+            for m in result.missing:
+                print(
+                    f"MISSING   module={result.job.module} row={result.job.row} "
+                    f"{result.job.axis}={m.lo}-{m.hi}{_fixed(result)} arch={report.arch} "
+                    f"kernel={m.kernel.function}/{m.kernel.file} params: {m.kernel.params}"
+                )
+            for f in result.findings:
+                at = " ".join(f"{k}={v}" for k, v in f.values.items())
+                print(
+                    f"SAMPLED   {f.problem} module={result.job.module} row={result.job.row} "
+                    f"at {at} arch={report.arch} kernel={f.kernel.function}/{f.kernel.file} "
+                    f"params: {f.kernel.params}"
+                )
+
+
+def _fixed(result: JobResult) -> str:
+    return "".join(f" {k}={v}" for k, v in result.job.fixed.items())
+
+
+def summary_rows(reports: Sequence[ArchReport]) -> list[dict[str, Any]]:
+    """One record per (arch, module): jobs per tag, kernels requested / compiled / missing."""
+    rows = []
+    for report in reports:
+        if report.crashed:
+            rows.append({"arch": report.arch, "module": "-", FAIL: 1, "jobs": 0})
+            continue
+        compiled = report.compiled()
+        missing = report.missing()
+        for module in sorted({r.job.module for r in report.results}):
+            results = [r for r in report.results if r.job.module == module]
+            kernels = {k.path for r in results for k in r.kernels()}
+            rows.append(
+                {
+                    "arch": report.arch,
+                    "module": module,
+                    "jobs": len(results),
+                    **{tag: sum(r.tag == tag for r in results) for tag in TAGS},
+                    "kernels": len(kernels),
+                    "compiled": len({p for p in kernels if str(p) in compiled}),
+                    "missing": len(kernels & missing),
+                    "probes": sum(r.probes for r in results),
+                    "naming_cpu_s": round(sum(r.naming_cpu for r in results), 2),
+                    "arch_s": round(report.seconds, 1),
+                }
+            )
+    return rows
+
+
+def print_summary(
+    rows: list[dict[str, Any]], reports: Sequence[ArchReport], maxima: Mapping[str, int]
+) -> None:
+    import pandas as pd
+
+    table = pd.DataFrame(rows).fillna(0)
+    columns = ["arch", "module", "jobs", *TAGS, "kernels", "compiled", "missing", "arch_s"]
+    table = table[[c for c in columns if c in table.columns]]
+    for column in table.columns:
+        if column not in ("arch", "module", "arch_s"):
+            table[column] = table[column].astype(int)
+    print(table.to_string(index=False))
+    served = ", ".join(f"{axis} up to {value}" for axis, value in maxima.items())
+    print(f"replayed: {served} (what the deployment serves; --max-<axis> changes it)")
+    for limit in sorted({line for r in reports for line in r.limits}):
+        print(f"limit: {limit}")

@@ -1,0 +1,81 @@
+"""The tuned tables of the GEMM entries and the caller contract they share with the AOT replay.
+
+Light on purpose (no torch, no FlyDSL): the AOT driver reads these specs to decide, in a fraction
+of a second, whether a cache is already complete. The entries derive their dtypes from here.
+"""
+
+from __future__ import annotations
+
+from aiter.tuning import BucketAxis, Column, TableSpec
+
+LIBTYPE_FLYDSL = "flydsl"
+LIBTYPE_TORCH = "torch"
+LIBTYPES = (LIBTYPE_FLYDSL, LIBTYPE_TORCH)
+
+# Dtypes as torch names; the entries turn them into torch dtypes.
+A16W16_INPUT_DTYPES = ("bfloat16", "float16")
+A16W16_OUT_DTYPES = ("bfloat16", "float16", "float32")
+A8W8_QUANT_DTYPES = ("float8_e4m3fnuz", "float8_e4m3fn", "int8")  # fp8 flavour follows the arch
+A8W8_OUT_DTYPES = ("bfloat16", "float16")  # what a caller may pass as out_dtype
+
+M_AXIS = BucketAxis(name="M", column="M")
+
+
+def _cells(names: tuple[str, ...]) -> tuple[str, ...]:
+    """How a dtype is written in a table cell: str(torch dtype)."""
+    return tuple(f"torch.{name}" for name in names)
+
+
+_SHAPE = (Column("gfx", "str"), Column("cu_num", "int"))
+_MNK = (Column("M", "int"), Column("N", "int"), Column("K", "int"))
+_CHOICE = (
+    Column("libtype", "str", choices=LIBTYPES),
+    Column("kernelId", "int"),
+    Column("splitK", "int"),
+    Column("us", "optional_float"),
+    Column("kernelName", "optional_str"),
+)
+
+A16W16 = TableSpec(
+    name="bf16_tuned_gemm.csv",
+    short_name="gemm_a16w16",
+    env_var="AITER_CONFIG_GEMM_BF16",
+    columns=(
+        *_SHAPE,
+        *_MNK,
+        Column("bias", "bool01"),
+        Column("dtype", "str", choices=_cells(A16W16_INPUT_DTYPES)),
+        Column("outdtype", "str", choices=_cells(A16W16_OUT_DTYPES)),
+        Column("libtype", "str", choices=LIBTYPES),
+        Column("splitK", "int"),
+        Column("us", "optional_float"),
+        Column("kernelName", "optional_str"),
+    ),
+    key=("gfx", "cu_num", "M", "N", "K", "bias", "dtype", "outdtype"),
+    axis=M_AXIS,
+)
+
+A8W8_BPRESHUFFLE = TableSpec(
+    name="a8w8_bpreshuffle_tuned_gemm.csv",
+    short_name="gemm_a8w8_bpreshuffle",
+    env_var="AITER_CONFIG_GEMM_A8W8_BPRESHUFFLE",
+    columns=(
+        *_SHAPE,
+        *_MNK,
+        Column("q_dtype_w", "str", choices=_cells(A8W8_QUANT_DTYPES)),
+        *_CHOICE,
+    ),
+    key=("gfx", "cu_num", "M", "N", "K", "q_dtype_w"),
+    axis=M_AXIS,
+    open_choices={"out_dtype": A8W8_OUT_DTYPES},
+)
+
+A8W8_BLOCKSCALE = TableSpec(
+    name="a8w8_blockscale_tuned_gemm.csv",
+    short_name="gemm_a8w8_blockscale",
+    env_var="AITER_CONFIG_GEMM_A8W8_BLOCKSCALE",
+    columns=(*_SHAPE, *_MNK, *_CHOICE),
+    key=("gfx", "cu_num", "M", "N", "K"),
+    axis=M_AXIS,
+    open_choices={"out_dtype": A8W8_OUT_DTYPES},
+)

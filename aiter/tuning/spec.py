@@ -1,0 +1,113 @@
+"""The one declaration of a tuned table, shared by the runtime lookup, the table generator, the
+AOT replay and the tests: file, environment variable, columns, shape key, bucket axis, variants.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .kinds import Column
+from .row import Row
+from .table import TunedTable, load_table
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+CONFIG_DIR_ENV = "AITER_CONFIG_DIR"  # a directory of default tables that replaces aiter/configs
+
+# What a deployment serves by default on an axis that counts tokens (a prefill of 32k tokens).
+TOKEN_AXIS_DEFAULT_MAX = 32768
+
+
+@dataclass(frozen=True)
+class BucketAxis:
+    """An integer call argument the table buckets on: a row serves the values above the
+    previous tabled value up to its own, and the top row's shape is served up to `default_max`
+    (the heuristic serves what lies above the last row)."""
+
+    name: str  # how callers and reports name it, e.g. "M", "tokens"
+    column: str  # the table column holding the tabled value
+    default_max: int = TOKEN_AXIS_DEFAULT_MAX
+
+    @property
+    def option(self) -> str:
+        """The AOT command-line option that sets the largest value a deployment serves."""
+        return "--max-" + self.name.lower().replace("_", "-")
+
+
+@dataclass(frozen=True)
+class TableSpec:
+    """A tuned table: the default file in the config directory merged with `env_var`'s files.
+
+    `open_choices` are caller arguments the table does not record (for example the output dtype
+    of an fp8 GEMM): the AOT replay calls the entry once per combination of their values.
+    """
+
+    name: str  # file name in aiter/configs
+    short_name: str  # how the AOT command line names it: --csv SHORT=PATH
+    env_var: str  # extra tables, os.pathsep-separated
+    columns: tuple[Column, ...]
+    key: tuple[str, ...]  # shape columns, the axis column included
+    axis: BucketAxis
+    open_choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    directory: Path | None = None  # where the default file lives; None: AITER_CONFIG_DIR or configs
+
+    def __hash__(self) -> int:
+        return hash((self.name, self.env_var))
+
+    @property
+    def header(self) -> tuple[str, ...]:
+        """Column names in the order the default file writes them."""
+        return tuple(c.name for c in self.columns)
+
+    @property
+    def default_path(self) -> Path:
+        directory = self.directory or Path(os.environ.get(CONFIG_DIR_ENV) or CONFIG_DIR)
+        return directory / self.name
+
+    def extra_paths(self) -> list[str]:
+        """The files `env_var` names now, in merge order."""
+        value = os.environ.get(self.env_var, "")
+        return [p.strip() for p in re.split(f"[,{re.escape(os.pathsep)}]", value) if p.strip()]
+
+    def paths(self) -> list[str]:
+        """Every file the merged table is read from, in merge order."""
+        return [str(self.default_path), *self.extra_paths()]
+
+    def load(self) -> TunedTable:
+        """The merged table as the runtime sees it now (cached per value of env_var)."""
+        return _load_cached(self, self.default_path, os.environ.get(self.env_var, ""))
+
+    def lookup(self, key: Mapping[str, object], value: int) -> Row | None:
+        """The row serving `value` of the axis for the shape `key` (None: no row does)."""
+        return self.load().lookup(key, value)
+
+    def variants(self) -> list[dict[str, str]]:
+        """Every combination of the open caller choices (one empty variant when there are none)."""
+        names = list(self.open_choices)
+        return [
+            dict(zip(names, values, strict=True))
+            for values in itertools.product(*(self.open_choices[n] for n in names))
+        ]
+
+    def row_axis_value(self, row: Row) -> int:
+        return row.int(self.axis.column)
+
+
+@functools.cache
+def _load_cached(spec: TableSpec, default_path: Path, _env_value: str) -> TunedTable:
+    return load_table(
+        default_path,
+        columns=spec.columns,
+        key=spec.key,
+        m_column=spec.axis.column,
+        env_var=spec.env_var,
+    )
+
+
+def describe_variant(variant: Mapping[str, str]) -> str:
+    return " ".join(f"{k}={v}" for k, v in variant.items())
