@@ -1,7 +1,7 @@
 """Host side of the bf16/fp16 GEMM: kernel names, the tile and split-K heuristic, and
 gemm_a16w16's validation and dispatch inside a gfx942 dry run (naming mode, no compile).
 
-Expected tiles and splits are worked out by hand from the rules in gemm_a16w16_config.
+Expected tiles and splits are worked out by hand from the rules in gemm_config.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from torch._subclasses.fake_tensor import FakeTensor
 from aiter import dispatch
 from aiter.aot.flydsl import hooks
 from aiter.aot.flydsl.dry_run import dry_run
-from aiter.ops import gemm_a16w16_config as cfg
+from aiter.ops import gemm_config
+from aiter.ops.gemm_config import KernelChoice
 from aiter.ops.flydsl.gemm_a16w16 import SUPPORTED_TILES, GemmTile
-from aiter.ops.gemm import gemm_a16w16
-from aiter.ops.tables import A16W16
+from aiter.ops.gemm_a16w16 import gemm_a16w16
+from aiter.ops.gemm_tables import A16W16
 from aiter.tuning import TableError
 
 BF16 = torch.bfloat16
@@ -53,11 +54,11 @@ def test_supported_tiles() -> None:
 
 @pytest.mark.parametrize("mma, tile", ALL_TILES)
 def test_kernel_name_round_trip(mma: str, tile: GemmTile) -> None:
-    name = cfg.kernel_name(mma, tile)
+    name = gemm_config.A16W16.kernel_name(mma, tile)
     assert name == f"flydsl_a16w16_{mma}_{tile.tile_m}x{tile.tile_n}x{tile.tile_k}"
-    assert cfg.parse_kernel_name(name, mma) == tile
-    assert cfg.parse_kernel_name(f"  {name} ", mma) == tile
-    assert cfg.KernelChoice(cfg.FAMILY, mma, tile, 1).name == name
+    assert gemm_config.A16W16.parse_kernel_name(name, mma) == tile
+    assert gemm_config.A16W16.parse_kernel_name(f"  {name} ", mma) == tile
+    assert KernelChoice(gemm_config.A16W16, mma, tile, 1).name == name
 
 
 @pytest.mark.parametrize(
@@ -74,7 +75,7 @@ def test_kernel_name_round_trip(mma: str, tile: GemmTile) -> None:
 )
 def test_malformed_name_shows_the_grammar(name: str) -> None:
     with pytest.raises(ValueError) as info:
-        cfg.parse_kernel_name(name, "mfma")
+        gemm_config.A16W16.parse_kernel_name(name, "mfma")
     assert str(info.value) == (
         f"{name!r} is not a flydsl_a16w16 kernel name: {GRAMMAR}, "
         "e.g. flydsl_a16w16_mfma_16x64x32, flydsl_a16w16_mfma_16x64x64"
@@ -83,7 +84,7 @@ def test_malformed_name_shows_the_grammar(name: str) -> None:
 
 def test_malformed_name_examples_follow_the_flavour() -> None:
     with pytest.raises(ValueError, match="e.g. flydsl_a16w16_wmma_16x64x32, flydsl_a16w16_wmma_16"):
-        cfg.parse_kernel_name("foo", "wmma")
+        gemm_config.A16W16.parse_kernel_name("foo", "wmma")
 
 
 @pytest.mark.parametrize(
@@ -95,7 +96,7 @@ def test_malformed_name_examples_follow_the_flavour() -> None:
 )
 def test_wrong_flavour(name: str, named: str, arch_mma: str) -> None:
     with pytest.raises(ValueError) as info:
-        cfg.parse_kernel_name(name, arch_mma)
+        gemm_config.A16W16.parse_kernel_name(name, arch_mma)
     assert (
         str(info.value) == f"{name!r} names a {named} kernel, but this arch uses {arch_mma} kernels"
     )
@@ -105,7 +106,7 @@ def test_wrong_flavour(name: str, named: str, arch_mma: str) -> None:
 def test_unsupported_tile(tile: str) -> None:
     name = f"flydsl_a16w16_mfma_{tile}"
     with pytest.raises(ValueError) as info:
-        cfg.parse_kernel_name(name, "mfma")
+        gemm_config.A16W16.parse_kernel_name(name, "mfma")
     supported = ", ".join(
         f"{m}x{n}x{k}" for m in (16, 32, 64, 128) for n in (64, 128) for k in (32, 64)
     )
@@ -140,8 +141,8 @@ def test_unsupported_tile(tile: str) -> None:
     ],
 )
 def test_heuristic_tile(m: int, n: int, k: int, cu_num: int, expected) -> None:
-    assert cfg.heuristic_tile(m, n, k, cu_num, "mfma") == GemmTile(*expected)
-    assert cfg.heuristic_tile(m, n, k, cu_num, "wmma") == GemmTile(*expected)
+    assert gemm_config.A16W16.heuristic_tile(m, n, k, cu_num, "mfma") == GemmTile(*expected)
+    assert gemm_config.A16W16.heuristic_tile(m, n, k, cu_num, "wmma") == GemmTile(*expected)
 
 
 @pytest.mark.parametrize(
@@ -165,7 +166,7 @@ def test_heuristic_tile(m: int, n: int, k: int, cu_num: int, expected) -> None:
     ],
 )
 def test_heuristic_split_k(m, n, k, cu_num, tile, expected) -> None:
-    assert cfg.heuristic_split_k(m, n, k, cu_num, GemmTile(*tile)) == expected
+    assert gemm_config.A16W16.heuristic_split_k(m, n, k, cu_num, GemmTile(*tile)) == expected
 
 
 def test_split_k_changes_inside_one_m_bucket() -> None:
@@ -173,20 +174,23 @@ def test_split_k_changes_inside_one_m_bucket() -> None:
     # 12 column blocks; 3 row blocks (M <= 384): 36 x 8 = 288 <= 304 -> split 8;
     # 4 row blocks (M >= 385): 48 x 8 = 384 > 304, 48 x 4 = 192 -> split 4.
     tile = GemmTile(128, 64, 64)
-    splits = {m: cfg.heuristic_split_k(m, 768, 4096, 304, tile) for m in (257, 384, 385, 512)}
+    splits = {
+        m: gemm_config.A16W16.heuristic_split_k(m, 768, 4096, 304, tile)
+        for m in (257, 384, 385, 512)
+    }
     assert splits == {257: 8, 384: 8, 385: 4, 512: 4}
 
 
 def test_choose_keeps_the_row_and_fills_in_the_rest() -> None:
     tile = GemmTile(32, 128, 32)
-    assert cfg.choose(1, 4096, 4096, 304, "mfma", tile, 3) == cfg.KernelChoice(
-        cfg.FAMILY, "mfma", tile, 3
+    assert gemm_config.A16W16.choose(1, 4096, 4096, 304, "mfma", tile, 3) == KernelChoice(
+        gemm_config.A16W16, "mfma", tile, 3
     )
     # splitK 0: the heuristic split for the row's tile: 32 blocks, 128 k-tiles of 32;
     # 256 <= 304 and 128 // 8 = 16 >= 4 -> 8.
-    assert cfg.choose(1, 4096, 4096, 304, "mfma", tile, 0).split_k == 8
-    assert cfg.choose(1, 4096, 4096, 304, "mfma", None, 0) == cfg.KernelChoice(
-        cfg.FAMILY, "mfma", GemmTile(16, 64, 64), 4
+    assert gemm_config.A16W16.choose(1, 4096, 4096, 304, "mfma", tile, 0).split_k == 8
+    assert gemm_config.A16W16.choose(1, 4096, 4096, 304, "mfma", None, 0) == KernelChoice(
+        gemm_config.A16W16, "mfma", GemmTile(16, 64, 64), 4
     )
 
 
@@ -545,7 +549,7 @@ def test_bad_libtype_in_a_table_names_file_line_and_column(tmp_path, monkeypatch
     with pytest.raises(TableError) as info:
         run(8, 320, 64)
     assert str(info.value) == (
-        f"{path}:2: column 'libtype': expected 'flydsl' or 'torch', found 'triton'"
+        f"{path}:2: column 'libtype': expected one of flydsl, torch, found 'triton'"
     )
     assert (info.value.path, info.value.line, info.value.column) == (str(path), 2, "libtype")
 

@@ -17,11 +17,11 @@ from aiter import device, dispatch
 from aiter.aot.flydsl import hooks
 from aiter.aot.flydsl.dry_run import dry_run
 from aiter.ops import gemm_a8w8 as entries
-from aiter.ops import gemm_a8w8_config as config
+from aiter.ops import gemm_config as config
 from aiter.ops.flydsl import gemm_a8w8 as kernels
 from aiter.ops.flydsl.gemm_a8w8 import BLOCKSCALE_TILES, BPRESHUFFLE_TILES, A8W8Tile
 from aiter.ops.gemm_plan import plan
-from aiter.ops.tables import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE
+from aiter.ops.gemm_tables import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE
 from aiter.tuning import TableError
 
 FNUZ, FN, I8 = torch.float8_e4m3fnuz, torch.float8_e4m3fn, torch.int8
@@ -792,7 +792,7 @@ def test_bad_libtype_in_a_table_names_file_line_and_column(tmp_path, monkeypatch
     with pytest.raises(TableError) as info:
         bpreshuffle(run, 8, 320, 640)
     assert (
-        str(info.value) == f"{path}:2: column 'libtype': expected 'flydsl' or 'torch', found 'ck'"
+        str(info.value) == f"{path}:2: column 'libtype': expected one of flydsl, torch, found 'ck'"
     )
     assert (info.value.path, info.value.line, info.value.column) == (str(path), 2, "libtype")
 

@@ -139,7 +139,7 @@ SERVE = textwrap.dedent("""
     import sys, torch
     from aiter.aot.flydsl import hooks
     from aiter.aot.flydsl.dry_run import dry_run
-    from aiter.ops.gemm import gemm_a16w16
+    from aiter.ops.gemm_a16w16 import gemm_a16w16
     m, n, k = (int(v) for v in sys.argv[1:4])
     with dry_run("gfx942", 304, hooks.MODE_COMPILE):
         a = torch.empty((m, k), dtype=torch.bfloat16, device="cuda")

@@ -8,14 +8,15 @@ every table in aiter/configs.
 from __future__ import annotations
 
 import argparse
-import csv
-import io
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from aiter.arch import ARCHS, ArchInfo
 from aiter.ops.gemm_config import KernelFamily
+from aiter.ops.gemm_tables import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16, LIBTYPE_FLYDSL
+from aiter.ops.gemm_tables import LIBTYPE_TORCH
+from aiter.tuning import TableSpec
 
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 TORCH_M = (1, 2, 4, 8, 16)  # shapes too small for a kernel launch to pay off
@@ -67,32 +68,26 @@ def _unique(shapes: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
     return list(dict.fromkeys(shapes))
 
 
-def _a16w16_family() -> KernelFamily:
-    from aiter.ops.gemm_a16w16_config import FAMILY
+def _kernels(name: str) -> Callable[[], KernelFamily]:
+    def family() -> KernelFamily:
+        from aiter.ops import gemm_config
 
-    return FAMILY
+        return getattr(gemm_config, name)
 
-
-def _bpreshuffle_family() -> KernelFamily:
-    from aiter.ops.gemm_a8w8_config import BPRESHUFFLE
-
-    return BPRESHUFFLE
-
-
-def _blockscale_family() -> KernelFamily:
-    from aiter.ops.gemm_a8w8_config import BLOCKSCALE
-
-    return BLOCKSCALE
+    return family
 
 
 @dataclass(frozen=True)
 class TableRecipe:
-    file: str
-    columns: tuple[str, ...]
+    spec: TableSpec  # file name and columns
     family: Callable[[], KernelFamily]  # imported late: kernel modules import FlyDSL
     shapes: list[tuple[int, int]]
     dtype_cells: Callable[[ArchInfo], dict[str, str]]
     torch_shapes: tuple[tuple[int, int], ...]
+
+    @property
+    def file(self) -> str:
+        return self.spec.name
 
     def archs(self) -> list[ArchInfo]:
         """The archs whose MMA flavour the family has kernels for."""
@@ -101,10 +96,8 @@ class TableRecipe:
 
 RECIPES = (
     TableRecipe(
-        file="bf16_tuned_gemm.csv",
-        columns=("gfx", "cu_num", "M", "N", "K", "bias", "dtype", "outdtype",
-                 "libtype", "splitK", "us", "kernelName"),  # fmt: skip
-        family=_a16w16_family,
+        spec=A16W16,
+        family=_kernels("A16W16"),
         shapes=_unique(
             shape
             for model in (LLAMA_3_1_8B, QWEN3_32B)
@@ -117,19 +110,15 @@ RECIPES = (
         torch_shapes=((64, 64), (128, 64)),
     ),
     TableRecipe(
-        file="a8w8_bpreshuffle_tuned_gemm.csv",
-        columns=("gfx", "cu_num", "M", "N", "K", "q_dtype_w", "libtype", "kernelId",
-                 "splitK", "us", "kernelName"),  # fmt: skip
-        family=_bpreshuffle_family,
+        spec=A8W8_BPRESHUFFLE,
+        family=_kernels("BPRESHUFFLE"),
         shapes=_unique(LLAMA_3_1_70B.linear_shapes(8).values()),
         dtype_cells=lambda arch: {"q_dtype_w": f"torch.{arch.fp8_dtype_name}"},
         torch_shapes=((64, 128),),
     ),
     TableRecipe(
-        file="a8w8_blockscale_tuned_gemm.csv",
-        columns=("gfx", "cu_num", "M", "N", "K", "libtype", "kernelId",
-                 "splitK", "us", "kernelName"),  # fmt: skip
-        family=_blockscale_family,
+        spec=A8W8_BLOCKSCALE,
+        family=_kernels("BLOCKSCALE"),
         shapes=_unique(deepseek_v3_dense_shapes(8).values()),
         dtype_cells=lambda arch: {},
         torch_shapes=((128, 128),),
@@ -143,7 +132,7 @@ def rows(recipe: TableRecipe) -> list[dict[str, str]]:
     for arch in recipe.archs():
         cu_num = arch.default_cu_num
         base = {"gfx": arch.name, "cu_num": str(cu_num), "us": "", **recipe.dtype_cells(arch)}
-        if "kernelId" in recipe.columns:
+        if "kernelId" in recipe.spec.header:
             base["kernelId"] = "0"
         for n, k in recipe.shapes:
             for m in M_BUCKETS:
@@ -151,31 +140,32 @@ def rows(recipe: TableRecipe) -> list[dict[str, str]]:
                 # splitK 0: the runtime picks split-K per call, so it adapts inside the bucket.
                 out.append(
                     base
-                    | {"M": str(m), "N": str(n), "K": str(k), "libtype": "flydsl"}
+                    | {"M": str(m), "N": str(n), "K": str(k), "libtype": LIBTYPE_FLYDSL}
                     | {"splitK": "0", "kernelName": family.kernel_name(arch.mma, tile)}
                 )
         for n, k in recipe.torch_shapes:
             for m in TORCH_M:
                 out.append(
                     base
-                    | {"M": str(m), "N": str(n), "K": str(k), "libtype": "torch"}
+                    | {"M": str(m), "N": str(n), "K": str(k), "libtype": LIBTYPE_TORCH}
                     | {"splitK": "0", "kernelName": ""}
                 )
     return out
 
 
 def render(recipe: TableRecipe) -> str:
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=recipe.columns, lineterminator="\n")
-    writer.writeheader()
-    writer.writerows(rows(recipe))
-    return buffer.getvalue()
+    """The table's CSV text, columns in the order its spec declares them."""
+    import pandas as pd
+
+    frame = pd.DataFrame(rows(recipe), columns=list(recipe.spec.header), dtype=str)
+    return frame.to_csv(index=False, lineterminator="\n")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out-dir", default=str(HERE))
     args = parser.parse_args()
+    Path(args.out_dir).mkdir(parents=True, exist_ok=True)
     for recipe in RECIPES:
         path = Path(args.out_dir) / recipe.file
         path.write_text(render(recipe))

@@ -194,7 +194,9 @@ def _rows(
             except ValueError:
                 raise bad_cell(raw.path, line, name, cells[name], kind) from None
         for name, column in choices.items():
-            if cells[name] not in column.choices and not (kinds[name].startswith("optional") and cells[name] == ""):
+            if cells[name] not in column.choices and not (
+                kinds[name].startswith("optional") and cells[name] == ""
+            ):
                 raise TableError(
                     f"{raw.path}:{line}: column {name!r}: expected {column.expected()}, "
                     f"found {cells[name]!r}",

@@ -173,7 +173,9 @@ def _cache_dir(text: str | None, mode: str) -> str:
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as err:
-            raise UsageError(f"--cache-dir {cache_dir}: cannot be created ({err.strerror})") from None
+            raise UsageError(
+                f"--cache-dir {cache_dir}: cannot be created ({err.strerror})"
+            ) from None
         if not os.access(path, os.W_OK):
             raise UsageError(f"--cache-dir {cache_dir}: not writable")
     return cache_dir
@@ -203,7 +205,8 @@ def _parser(prog: str, axes: dict[str, Any], combined: bool) -> argparse.Argumen
     parser.add_argument("--seed", type=int, default=0, help="seed of --sample's points")
     if combined:
         parser.add_argument(
-            "--module", help=f"replay only these modules, comma-separated ({', '.join(axes['modules'])})"
+            "--module",
+            help=f"replay only these modules, comma-separated ({', '.join(axes['modules'])})",
         )
     parser.add_argument(
         "--csv",
@@ -246,7 +249,9 @@ def _all_axes(modules: dict[str, str]) -> dict[str, int]:
 
 def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Build:
     combined = module_paths is None
-    candidates = registry.registered() if combined else {p.rsplit(".", 1)[-1]: p for p in module_paths}
+    candidates = (
+        registry.registered() if combined else {p.rsplit(".", 1)[-1]: p for p in module_paths}
+    )
     try:
         axes = _all_axes(candidates)
     except (ImportError, ValueError) as err:
@@ -329,7 +334,11 @@ def _memo_holds(build: Build, fp: str) -> bool:
     if entries is None:
         print("memo: no build with this fingerprint in the cache; replaying", file=sys.stderr)
         return False
-    bad = [(rel, why) for rel, rec in entries.items() if (why := entry_problem(build.cache_dir, rel, rec))]
+    bad = [
+        (rel, why)
+        for rel, rec in entries.items()
+        if (why := entry_problem(build.cache_dir, rel, rec))
+    ]
     if bad:
         rel, why = bad[0]
         print(f"memo: {len(bad)} entries not as built ({rel}: {why}); replaying", file=sys.stderr)

@@ -34,9 +34,9 @@ class Family:
     module: str  # short name in reports and the manifest, e.g. "gemm"
     tables: tuple[TableSpec, ...]
     caller: Callable[[TableSpec, Row, Mapping[str, str]], Call] | None = None
-    make_jobs: Callable[[Family, str, frozenset[int] | None, Mapping[str, int]], list[Job]] | None = (
-        None
-    )
+    make_jobs: (
+        Callable[[Family, str, frozenset[int] | None, Mapping[str, int]], list[Job]] | None
+    ) = None
     # Axis -> largest value replayed between tabled values; above it only tabled values are.
     limits: Mapping[str, int] = field(default_factory=dict)
     source: str = ""  # the module's file, part of the build's fingerprint

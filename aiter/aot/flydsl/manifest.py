@@ -64,7 +64,9 @@ def update_manifest(
     data = read_manifest(cache_dir)
     data["versions"] = dict(versions)
     data["archs"].setdefault(arch, {})[module] = dict(kernels)
-    for key in [k for k, b in data["builds"].items() if arch in b["archs"] and module in b["modules"]]:
+    for key in [
+        k for k, b in data["builds"].items() if arch in b["archs"] and module in b["modules"]
+    ]:
         del data["builds"][key]
     return _write(cache_dir, data)
 

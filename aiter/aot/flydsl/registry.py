@@ -31,7 +31,9 @@ def load(path: str) -> Family:
     module = importlib.import_module(path)
     family = getattr(module, "FAMILY", None)
     if not isinstance(family, Family):
-        raise ValueError(f"{path} declares no FAMILY: an AOT module must define FAMILY = Family(...)")
+        raise ValueError(
+            f"{path} declares no FAMILY: an AOT module must define FAMILY = Family(...)"
+        )
     if not family.source:
         object.__setattr__(family, "source", module_file(module))
     return family

@@ -285,7 +285,7 @@ class _Scheduler:
         self.scheduled: set[str] = set()
         self.heap: list[tuple[float, int, CompileTask]] = []
         self.serial = 0
-        self.kernels_to_compile = 0
+        self.to_compile: set[str] = set()
         self.kernels_compiled = 0
 
     def name_here(self, index: int) -> None:
@@ -297,7 +297,7 @@ class _Scheduler:
         if self.mode == MODE_BUILD:
             for task in plan_compiles(index, result, self.scheduled, self.estimates):
                 self.serial += 1
-                self.kernels_to_compile += len(task.files)
+                self.to_compile.update(f for f in task.files if not Path(f).is_file())
                 heapq.heappush(self.heap, (-task.estimate, self.serial, task))
         self.report()
 
@@ -309,7 +309,7 @@ class _Scheduler:
             force,
             jobs_total=len(self.jobs),
             jobs_done=done,
-            kernels_to_compile=self.kernels_to_compile,
+            kernels_to_compile=len(self.to_compile),
             kernels_compiled=self.kernels_compiled,
             failed=failed,
             phase=phase,
@@ -348,9 +348,7 @@ class _Scheduler:
             if outcome.ok:
                 result = from_json(JobResult, outcome.result[position])
             else:  # every job of a dead naming worker fails; the others stand
-                result = JobResult(
-                    self.jobs[index].info, FAIL, f"naming worker: {outcome.error}"
-                )
+                result = JobResult(self.jobs[index].info, FAIL, f"naming worker: {outcome.error}")
             self.accept(index, result)
 
     def _compiled(self, task: CompileTask, outcome: Any) -> None:
@@ -397,9 +395,7 @@ def replay_arch(
         if any(family.limits.get(j.info.axis) is not None for j in family_jobs):
             report.limits += family.describe_limits()
     pool = ForkPool(workers, budget)
-    scheduler = _Scheduler(
-        jobs, limits, mode, sample, seed, estimates or {}, pool, progress
-    )
+    scheduler = _Scheduler(jobs, limits, mode, sample, seed, estimates or {}, pool, progress)
     try:
         if jobs:
             # Named here, so imports, FakeTensorMode and FlyDSL's state are warm before forking.
