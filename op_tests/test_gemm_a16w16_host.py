@@ -16,9 +16,9 @@ from aiter import dispatch
 from aiter.aot.flydsl import hooks
 from aiter.aot.flydsl.dry_run import dry_run
 from aiter.ops import gemm_config
-from aiter.ops.gemm_config import KernelChoice
 from aiter.ops.flydsl.gemm_a16w16 import SUPPORTED_TILES, GemmTile
 from aiter.ops.gemm_a16w16 import gemm_a16w16
+from aiter.ops.gemm_config import KernelChoice
 from aiter.ops.gemm_tables import A16W16
 from aiter.tuning import TableError
 

@@ -14,8 +14,13 @@ from pathlib import Path
 
 from aiter.arch import ARCHS, ArchInfo
 from aiter.ops.gemm_config import KernelFamily
-from aiter.ops.gemm_tables import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16, LIBTYPE_FLYDSL
-from aiter.ops.gemm_tables import LIBTYPE_TORCH
+from aiter.ops.gemm_tables import (
+    A8W8_BLOCKSCALE,
+    A8W8_BPRESHUFFLE,
+    A16W16,
+    LIBTYPE_FLYDSL,
+    LIBTYPE_TORCH,
+)
 from aiter.tuning import TableSpec
 
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)

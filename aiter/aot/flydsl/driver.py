@@ -274,7 +274,7 @@ def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Bui
         except ValueError as err:
             raise UsageError(str(err)) from None
     families = {}
-    for name, path in modules.items():
+    for path in modules.values():
         family = registry.load(path)
         families[family.module] = family
     modules = {f.module: p for f, p in zip(families.values(), modules.values(), strict=True)}

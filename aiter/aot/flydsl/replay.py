@@ -27,7 +27,6 @@ from aiter.aot.flydsl.protocol import (
     EXIT_USAGE,
     FAIL,
     MODE_BUILD,
-    MODE_CHECK,
     MODE_LIST,
     MODES,
     OK,
