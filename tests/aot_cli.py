@@ -29,3 +29,13 @@ def run_aot(module: str, *args: str, env: dict[str, str] | None = None, timeout:
 
 def lines_starting(text: str, prefix: str) -> list[str]:
     return [line for line in text.splitlines() if line.startswith(prefix)]
+
+
+def read_report(path) -> list:
+    """The ArchReports of a `--report` JSON document."""
+    import json
+
+    from aiter.aot.flydsl.protocol import ArchReport, from_json
+
+    document = json.loads(Path(path).read_text())
+    return [from_json(ArchReport, arch) for arch in document["archs"]]

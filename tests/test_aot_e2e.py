@@ -12,7 +12,8 @@ import textwrap
 
 import pytest
 
-from tests.aot_cli import REPO, lines_starting, run_aot
+from aiter.aot.flydsl.protocol import ArchReport
+from tests.aot_cli import REPO, lines_starting, read_report, run_aot
 
 MODULE = "aiter.aot.flydsl.gemm"
 BF16, FP16, FP32 = "torch.bfloat16", "torch.float16", "torch.float32"
@@ -46,44 +47,55 @@ def setup(tmp_path_factory):
 @pytest.fixture(scope="module")
 def build(setup):
     env, cache = setup
-    return run_aot(MODULE, "--cache-dir", str(cache), "-j", "2", env=env)
+    report = cache.parent / "build-report.json"
+    proc = run_aot(MODULE, "--cache-dir", str(cache), "-j", "2", "--report", str(report), env=env)
+    return proc, read_report(report) if report.is_file() else []
 
 
 @pytest.fixture(scope="module")
-def listing(setup):
+def listing(setup, tmp_path_factory):
     env, cache = setup
-    return run_aot(MODULE, "--list", "--cache-dir", str(cache), env=env)
+    report = tmp_path_factory.mktemp("list") / "report.json"
+    proc = run_aot(MODULE, "--list", "--cache-dir", str(cache), "--report", str(report), env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return read_report(report)
 
 
-def _named_kernels(list_stdout: str) -> set[str]:
-    """function[params] of every kernel --list names, per arch."""
-    names, arch = set(), None
-    for line in list_stdout.splitlines():
-        job = re.match(r"^(OK|REFUSED)\s+gemm (gfx\d+):", line)
-        if job:
-            arch = job.group(2)
-        seg = re.match(r"^\s+M \d+-\d+: (.*)$", line)
-        if seg and seg.group(1):
-            names |= {f"{arch} {k}" for k in re.findall(r"(\w+\[[^\]]*\])", seg.group(1))}
-    return names
+def _by_arch(reports: list[ArchReport]) -> dict[str, ArchReport]:
+    return {r.arch: r for r in reports}
 
 
 def test_build_succeeds_for_both_archs(build):
-    assert build.returncode == 0, build.stdout + build.stderr
-    assert lines_starting(
-        build.stdout, "summary gfx942: 3 jobs: 2 OK, 0 SKIP, 0 REFUSED, 1 UNREACHED"
-    )
-    assert lines_starting(build.stdout, "summary gfx1250: 2 jobs: 2 OK, 0 SKIP")
-    assert "serve from it with: FLYDSL_RUNTIME_CACHE_DIR=" in build.stdout
+    proc, reports = build
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    archs = _by_arch(reports)
+    # The torch row serves M 1-8; above it, up to the deployment's maximum, FlyDSL does.
+    assert [r.tag for r in archs["gfx942"].results] == ["OK", "OK", "OK"]
+    assert [r.tag for r in archs["gfx1250"].results] == ["OK", "OK"]
+    assert all(not r.missing for a in reports for r in a.results)
+    assert "serve from it with: FLYDSL_RUNTIME_CACHE_DIR=" in proc.stdout
+
+
+def test_top_rows_cover_the_deployment_maximum(listing):
+    for report in listing:
+        for result in report.results:
+            assert result.job.hi == 32768, result.job
+    torch_row = next(r for r in _by_arch(listing)["gfx942"].results if r.job.row.endswith(":4"))
+    first = torch_row.segments[0]
+    assert (first.lo, first.hi, first.kernels, first.backends) == (1, 8, [], ["torch"])
+    assert torch_row.segments[1].lo == 9 and torch_row.segments[1].kernels
 
 
 def test_list_shows_the_switch_inside_a_bucket(listing):
-    assert listing.returncode == 0
-    out = listing.stdout
-    assert re.search(r"M 1-128: gemm_a16w16\[[^\]]*split_k=8", out), out
-    assert re.search(r"M 129-256: gemm_a16w16\[[^\]]*split_k=4", out), out
-    # WMMA kernels for gfx1250, MFMA for gfx942
-    assert "mma='wmma'" in out and "mma='mfma'" in out
+    row = next(r for r in _by_arch(listing)["gfx942"].results if r.job.row.endswith(":3"))
+    splits = [(s.lo, s.hi, _param(s.kernels[0], "split_k")) for s in row.segments[:2]]
+    assert splits == [(1, 128, "8"), (129, 384, "4")]
+    mmas = {_param(k, "mma") for a in listing for r in a.results for k in r.kernels()} - {None}
+    assert mmas == {"'mfma'", "'wmma'"}
+
+
+def _param(kernel, name: str) -> str | None:
+    return dict(p.split("=", 1) for p in kernel.params.split()).get(name)
 
 
 def test_check_passes_after_the_build(build, setup):
@@ -104,21 +116,25 @@ def test_check_on_an_empty_cache_names_every_missing_kernel(setup, listing, tmp_
         assert set(fields) == {"module", "row", "M", "arch", "kernel"}, line
         assert "tile_m=" in line or "split_k=" in line, line
         named.add((fields["arch"], fields["kernel"].split("/")[0]))
-    expected = {
-        tuple(k.split()[0:1]) + (k.split()[1].split("[")[0],)
-        for k in _named_kernels(listing.stdout)
-    }
+    expected = {(a.arch, k.function) for a in listing for r in a.results for k in r.kernels()}
     assert named == expected
     assert ("gfx942", "gemm_a16w16_splitk_reduce") in named
     assert ("gfx1250", "gemm_a16w16") in named
 
 
-def test_rebuild_over_a_complete_cache_compiles_nothing(build, setup):
+def test_rebuild_over_a_complete_cache_replays_nothing(build, setup):
     env, cache = setup
     proc = run_aot(MODULE, "--cache-dir", str(cache), env=env)
     assert proc.returncode == 0
-    for line in lines_starting(proc.stdout, "summary"):
-        assert " 0 compiled, 0 missing" in line, line
+    assert proc.stdout.startswith("up to date:"), proc.stdout + proc.stderr
+
+
+def test_forced_rebuild_compiles_nothing(build, setup, tmp_path):
+    env, cache = setup
+    report = tmp_path / "report.json"
+    proc = run_aot(MODULE, "--no-memo", "--cache-dir", str(cache), "--report", str(report), env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert all(not a.compiled() for a in read_report(report))
 
 
 def test_manifest_records_both_archs_and_who_asked(build, setup):
@@ -128,11 +144,10 @@ def test_manifest_records_both_archs_and_who_asked(build, setup):
     assert set(manifest["versions"]) == {"aiter", "flydsl", "torch"}
     for modules in manifest["archs"].values():
         for rel, entry in modules["gemm"].items():
-            assert (cache / rel).is_file()
-            assert entry["requested_by"][0]["module"] == "gemm"
-            assert entry["requested_by"][0]["row"].endswith(
-                ".csv:" + entry["requested_by"][0]["row"].rsplit(":", 1)[1]
-            )
+            assert (cache / rel).stat().st_size == entry["size"]
+            asked = entry["requested_by"][0]
+            assert asked["module"] == "gemm" and asked["axis"] == "M"
+            assert re.fullmatch(r".*bf16_tuned_gemm\.csv:\d+", asked["row"])
 
 
 SERVE = textwrap.dedent("""
@@ -150,7 +165,7 @@ SERVE = textwrap.dedent("""
     """)
 
 
-@pytest.mark.parametrize("m", [1, 100, 129, 256])
+@pytest.mark.parametrize("m", [1, 100, 129, 256, 3000, 20000])
 def test_runtime_calls_in_a_bucket_are_served_from_the_cache_alone(build, setup, m, tmp_path):
     """FLYDSL_RUNTIME_RUN_ONLY=1 makes FlyDSL raise on any miss: the replay built what it asks."""
     env, cache = setup
@@ -166,7 +181,7 @@ def test_a_shape_the_tables_do_not_hold_misses_the_cache(build, setup, tmp_path)
     script = tmp_path / "serve.py"
     script.write_text(SERVE)
     run_env = {**env, "FLYDSL_RUNTIME_CACHE_DIR": str(cache), "FLYDSL_RUNTIME_RUN_ONLY": "1"}
-    proc = _run_script(script, ["3000", "1280", "5120"], run_env)
+    proc = _run_script(script, ["64", "2560", "5120"], run_env)
     assert proc.returncode != 0
     assert "FLYDSL_RUNTIME_RUN_ONLY=1 but no usable AOT cache" in proc.stderr
 
