@@ -13,7 +13,7 @@ import torch
 
 from aiter.ops.flydsl import gemm_a16w16 as g
 from aiter.ops.flydsl import gemm_a16w16_index as ix
-from op_tests.compile_child import compile_env, linker_rocm_path, run_child
+from op_tests.compile_child import compile_env, run_child
 
 REPO = Path(__file__).resolve().parents[1]
 ARCH_FLAVOUR = {"gfx942": "mfma", "gfx950": "mfma", "gfx1250": "wmma"}
@@ -399,7 +399,7 @@ def test_launch_rejects_bad_shapes(shapes, message) -> None:
         )
 
 
-@pytest.mark.skip(reason="kernel numerics need an AMD GPU (gfx942/gfx950/gfx1250); none here")
+@pytest.mark.gpu
 def test_kernel_numerics_on_gpu() -> None:
     a = torch.randn(100, 256, dtype=torch.bfloat16, device="cuda")
     b = torch.randn(192, 256, dtype=torch.bfloat16, device="cuda")
@@ -442,11 +442,6 @@ for tile, split_k, dtype, out_dtype, with_bias in configs:
     times.append(time.perf_counter() - start)
 print(json.dumps(times))
 """
-
-
-@pytest.fixture(scope="module")
-def rocm_path(tmp_path_factory) -> str:
-    return linker_rocm_path(tmp_path_factory.mktemp("lld"))
 
 
 @pytest.fixture(scope="module", params=list(ARCH_FLAVOUR))

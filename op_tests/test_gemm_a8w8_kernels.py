@@ -16,7 +16,7 @@ import torch
 
 from aiter.ops.flydsl import gemm_a8w8 as g
 from aiter.ops.flydsl import gemm_a8w8_index as ix
-from op_tests.compile_child import compile_env, linker_rocm_path, run_child
+from op_tests.compile_child import compile_env, run_child
 
 REPO = Path(__file__).resolve().parents[1]
 FNUZ, FN, I8 = torch.float8_e4m3fnuz, torch.float8_e4m3fn, torch.int8
@@ -622,7 +622,7 @@ def test_blockscale_has_no_wmma_kernel() -> None:
         )
 
 
-@pytest.mark.skip(reason="kernel numerics need an AMD GPU (gfx942/gfx950/gfx1250); none here")
+@pytest.mark.gpu
 def test_kernel_numerics_on_gpu() -> None:
     fp8 = FNUZ  # gfx942; FN on gfx950/gfx1250
     m, n, k, split_k = 100, 256, 512, 3
@@ -720,11 +720,6 @@ for idx, (family, mma, dtype, tile, split_k, out_dtype, sem_dtype) in enumerate(
     results.append(result)
 print(json.dumps(results))
 """
-
-
-@pytest.fixture(scope="module")
-def rocm_path(tmp_path_factory) -> str:
-    return linker_rocm_path(tmp_path_factory.mktemp("lld"))
 
 
 def _compile_child(arch: str, rocm_path: str, root: Path, dump: bool) -> list[dict]:
