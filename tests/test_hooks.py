@@ -135,6 +135,7 @@ def test_changed_entry_names(monkeypatch) -> None:
 
 
 def test_record_launches_runs_self_test_and_patches_nothing_when_broken(monkeypatch) -> None:
+    hooks._self_test_once.cache_clear()  # a process checks once; this test needs a fresh check
     monkeypatch.delattr(JCM, "compile_lock")
     get = JCM.get
     with (

@@ -4,6 +4,7 @@ variable names are spelled. FlyDSL is imported lazily; `self_test()` catches mov
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import threading
@@ -197,6 +198,12 @@ def _check_env_names() -> None:
         )
 
 
+@functools.cache
+def _self_test_once() -> None:
+    """self_test(), once per process: FlyDSL's internals do not move while it runs."""
+    self_test()
+
+
 def self_test() -> None:
     """Raise ReplayHookBroken unless every FlyDSL internal the hooks use is where expected."""
     jf = _jit()
@@ -299,7 +306,7 @@ def record_launches(mode: str) -> Iterator[list[KernelRequest]]:
     """
     if mode not in (MODE_NAME, MODE_COMPILE):
         raise ValueError(f"mode must be {MODE_NAME!r} or {MODE_COMPILE!r}, got {mode!r}")
-    self_test()
+    _self_test_once()
     jf = _jit()
     requests: list[KernelRequest] = []
     original_get = jf.JitCacheManager.get
