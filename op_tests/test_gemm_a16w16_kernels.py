@@ -464,12 +464,14 @@ def compiled(request, rocm_path: str, tmp_path_factory) -> dict:
     }
 
 
+@pytest.mark.slow
 def test_one_cache_entry_per_specialization(compiled: dict) -> None:
     print(f"{compiled['arch']} compile seconds: {[round(t, 2) for t in compiled['times']]}")
     assert len(compiled["main"]) == len(COMPILED)
     assert len(compiled["reduce"]) == sum(1 for cfg in COMPILED if cfg[1] > 1)
 
 
+@pytest.mark.slow
 def test_code_objects_target_the_arch(compiled: dict) -> None:
     from aiter.aot.flydsl import elf
     from aiter.aot.flydsl.hooks import extract_code_objects
@@ -482,6 +484,7 @@ def test_code_objects_target_the_arch(compiled: dict) -> None:
         assert header.e_flags & 0xFF == elf.ARCH_TO_MACH[compiled["arch"]], entry
 
 
+@pytest.mark.slow
 def test_disassembly_uses_the_arch_mma(compiled: dict) -> None:
     from aiter.aot.flydsl import elf
     from aiter.aot.flydsl.hooks import extract_code_objects
@@ -519,6 +522,7 @@ ISA_EXPECTED = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch, dtype", list(ISA_EXPECTED))
 def test_isa_listing_uses_the_arch_mma(arch: str, dtype: str, rocm_path: str, tmp_path) -> None:
     """FlyDSL's own ISA listing of the compile (LLVM's AMDGPU backend output) for every arch,

@@ -755,6 +755,7 @@ def listed(request, rocm_path: str, tmp_path_factory) -> dict:
     return {"arch": arch, "configs": COMPILED[arch], "results": results}
 
 
+@pytest.mark.slow
 def test_one_cache_entry_per_specialization(compiled: dict) -> None:
     arch, configs, results = compiled["arch"], compiled["configs"], compiled["results"]
     print(f"{arch} compile seconds: {[round(r['seconds'], 2) for r in results]}")
@@ -766,6 +767,7 @@ def test_one_cache_entry_per_specialization(compiled: dict) -> None:
     assert len(set(all_entries)) == len(configs)
 
 
+@pytest.mark.slow
 def test_semaphore_dtype_changes_the_kernel_key(compiled: dict) -> None:
     """Configs that differ only in the semaphore dtype (int32 vs int64) have their own entries."""
     configs, results = compiled["configs"], compiled["results"]
@@ -780,6 +782,7 @@ def test_semaphore_dtype_changes_the_kernel_key(compiled: dict) -> None:
         assert entries["int32"] != entries["int64"]
 
 
+@pytest.mark.slow
 def test_code_objects_target_the_arch(compiled: dict) -> None:
     from aiter.aot.flydsl import elf
     from aiter.aot.flydsl.hooks import extract_code_objects
@@ -792,6 +795,7 @@ def test_code_objects_target_the_arch(compiled: dict) -> None:
         assert header.e_flags & 0xFF == elf.ARCH_TO_MACH[compiled["arch"]]
 
 
+@pytest.mark.slow
 def test_isa_listing_uses_the_expected_mma(listed: dict) -> None:
     """FlyDSL's ISA listing (LLVM's AMDGPU output) of every compile: the arch, the fp8/int8
     MMA or WMMA instruction, and for split-K the agent-scope atomics of the semaphore."""
@@ -813,6 +817,7 @@ def test_isa_listing_uses_the_expected_mma(listed: dict) -> None:
             assert wide == (sem_dtype == "int64"), config
 
 
+@pytest.mark.slow
 def test_gfx942_disassembly(compiled: dict) -> None:
     """llvm-objdump (LLVM 19 knows gfx942) agrees with the listing on the MMA instruction."""
     from aiter.aot.flydsl import elf

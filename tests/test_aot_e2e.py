@@ -15,6 +15,8 @@ import pytest
 from aiter.aot.flydsl.protocol import ArchReport
 from tests.aot_cli import REPO, lines_starting, read_report, run_aot
 
+pytestmark = pytest.mark.slow  # builds a cache for two archs
+
 MODULE = "aiter.aot.flydsl.gemm"
 BF16, FP16, FP32 = "torch.bfloat16", "torch.float16", "torch.float32"
 HEADER = "gfx,cu_num,M,N,K,bias,dtype,outdtype,libtype,splitK,us,kernelName"

@@ -30,7 +30,6 @@ from aiter.aot.flydsl.protocol import (
     MODE_BUILD,
     MODE_CHECK,
     MODE_LIST,
-    SKIP,
     ArchReport,
     from_json,
     to_json,
@@ -58,6 +57,8 @@ class Build:
     sample: int
     seed: int
     verbose: bool
+    no_memo: bool = False
+    report_path: str | None = None
     env: dict[str, str] = field(default_factory=dict)
 
     def specs(self) -> list[TableSpec]:
@@ -289,6 +290,8 @@ def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Bui
         sample=args.sample,
         seed=args.seed,
         verbose=args.verbose,
+        no_memo=args.no_memo,
+        report_path=args.report,
     )
     env = dict(os.environ)
     for spec, paths in assign_csv(build.specs(), args.csv).items():
@@ -298,7 +301,6 @@ def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Bui
     build.env = env
     build.cache_dir = _cache_dir(args.cache_dir, mode)
     build.targets = _targets(build.specs(), "/".join(families))
-    build.report_path, build.no_memo = args.report, args.no_memo  # type: ignore[attr-defined]
     return build
 
 
@@ -509,7 +511,7 @@ def main(module_paths: Sequence[str] | None = None, argv: Sequence[str] | None =
         fp = inputs = None
         if build.mode == MODE_BUILD and build.targets:
             fp, inputs = _fingerprint(build)
-            if not build.no_memo and _memo_holds(build, fp):  # type: ignore[attr-defined]
+            if not build.no_memo and _memo_holds(build, fp):
                 return EXIT_OK
             from aiter.toolchain import LinkerNotFound, configure_linker
 
@@ -549,20 +551,18 @@ def main(module_paths: Sequence[str] | None = None, argv: Sequence[str] | None =
             fp,
             inputs or {},
         )
-    if build.report_path:  # type: ignore[attr-defined]
+    if build.report_path:
         document = {
             "mode": build.mode,
             "modules": list(build.modules),
             "archs": to_json(reports),
             "summary": rows,
         }
-        Path(build.report_path).write_text(json.dumps(document, indent=1))  # type: ignore[attr-defined]
+        Path(build.report_path).write_text(json.dumps(document, indent=1))
     if build.mode == MODE_BUILD:
         print(f"cache: {build.cache_dir}")
         print(
             f"serve from it with: {hooks.ENV_CACHE_DIR}={build.cache_dir} {hooks.ENV_RUN_ONLY}=1 "
             "(FlyDSL then loads kernels and never compiles)"
         )
-    skipped = any(r.tag == SKIP for rep in reports for r in rep.results)
-    del skipped
     return EXIT_FAIL if failed else EXIT_OK

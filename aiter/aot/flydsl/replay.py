@@ -16,7 +16,7 @@ import resource
 import sys
 import time
 import zlib
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -472,11 +472,6 @@ def arch_process_main(argv: Sequence[str]) -> int:
     tmp.write_text(json.dumps(to_json(report)))
     os.replace(tmp, args.result)
     return EXIT_OK
-
-
-def _usage(message: str) -> Callable[[], int]:
-    print(message, file=sys.stderr)
-    return EXIT_USAGE
 
 
 if __name__ == "__main__":
