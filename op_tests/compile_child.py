@@ -28,17 +28,17 @@ def linker_rocm_path(shim_root: Path) -> str:
 def compile_env(arch: str, rocm_path: str, cache: Path, dump: Path | None = None) -> dict:
     """The environment of a compile-only child for `arch`; `dump` turns on FlyDSL's ISA listing
     (which also turns off its disk cache)."""
+    from aiter.aot.flydsl import hooks
+
     env = dict(os.environ)
     env.pop("FLYDSL_DEBUG_DUMP_ASM", None)
     env.pop("FLYDSL_DUMP_DIR", None)
+    env.update(hooks.target_env(arch))
     env.update(
-        ARCH=arch,
-        FLYDSL_GPU_ARCH=arch,
-        COMPILE_ONLY="1",
         ROCM_PATH=rocm_path,
-        FLYDSL_RUNTIME_CACHE_DIR=str(cache),
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
     )
+    env[hooks.ENV_CACHE_DIR] = str(cache)
     if dump is not None:
         env.update(FLYDSL_DEBUG_DUMP_ASM="1", FLYDSL_DUMP_DIR=str(dump))
     return env

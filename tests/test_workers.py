@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from aiter.aot.flydsl.budget import WorkerBudget
 from aiter.aot.flydsl.workers import TaskOutcome, run_forked
 
 
@@ -127,6 +128,26 @@ def test_at_most_workers_children_at_once(tmp_path: Path, workers: int) -> None:
     # A new child is forked only after another was reaped, so the bound is exact, and with
     # sleeping tasks the workers do run side by side.
     assert _max_overlap(intervals) == workers
+
+
+def test_a_shared_budget_bounds_the_workers_too(tmp_path: Path) -> None:
+    """Three slots but two tokens, one of them held elsewhere: one child at a time, and every
+    token is back when the pool is done."""
+    budget = WorkerBudget.create(2)
+    assert budget.try_acquire()  # another process of the build holds this one
+
+    def run(task: int) -> int:
+        start = time.monotonic()
+        time.sleep(0.1)
+        (tmp_path / f"{task}.json").write_text(json.dumps([start, time.monotonic()]))
+        return task
+
+    outcomes = run_forked(list(range(4)), run, workers=3, budget=budget)
+    assert [o.result for o in outcomes] == list(range(4))
+    intervals = [tuple(json.loads((tmp_path / f"{i}.json").read_text())) for i in range(4)]
+    assert _max_overlap(intervals) == 1
+    budget.release()
+    assert budget.try_acquire() and budget.try_acquire() and not budget.try_acquire()
 
 
 @pytest.mark.parametrize("workers", [0, -1])

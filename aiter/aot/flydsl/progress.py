@@ -182,8 +182,8 @@ class ProgressBoard:
             now = self._clock()
             if self._tty:
                 self._redraw(now)
-            else:
-                self._print_plain(now, changed_only=False)
+            else:  # an arch whose final counts were already printed is not repeated
+                self._print_plain(now, changed_only=True)
 
     def _state(self, arch: str) -> _ArchState:
         state = self._archs.get(arch)

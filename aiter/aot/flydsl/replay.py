@@ -16,7 +16,8 @@ import resource
 import sys
 import time
 import zlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -90,18 +91,25 @@ def _kernel_ref(request: Any) -> KernelRef:
     )
 
 
-def _naming(job: Job, values: Mapping[str, int]) -> tuple[tuple[KernelRef, ...], tuple[str, ...]]:
-    """The kernels and serving backends of the public entry at `values`, compiling nothing."""
+@contextmanager
+def naming_session(job: Job) -> Iterator[Callable[[Mapping[str, int]], Any]]:
+    """A probe that names the kernels and serving backends of the public entry at given axis
+    values, compiling nothing; one dry run serves every probe of the job."""
     from aiter import dispatch
     from aiter.aot.flydsl import hooks
     from aiter.aot.flydsl.dry_run import dry_run
 
     info = job.info
     with dispatch.observe() as records, dry_run(info.arch, info.cu_num, hooks.MODE_NAME) as reqs:
-        job.call(**values)
-    kernels = {k.path: k for k in map(_kernel_ref, reqs)}
-    ordered = tuple(sorted(kernels.values(), key=lambda k: (k.function, k.file)))
-    return ordered, tuple(sorted({r.backend for r in records}))
+
+        def probe(values: Mapping[str, int]) -> tuple[tuple[KernelRef, ...], tuple[str, ...]]:
+            first_request, first_record = len(reqs), len(records)
+            job.call(**values)
+            kernels = {k.path: k for k in map(_kernel_ref, reqs[first_request:])}
+            ordered = tuple(sorted(kernels.values(), key=lambda k: (k.function, k.file)))
+            return ordered, tuple(sorted({r.backend for r in records[first_record:]}))
+
+        yield probe
 
 
 def _replayed_ranges(info: JobInfo, limit: int | None) -> tuple[list[tuple[int, int]], str]:
@@ -144,20 +152,24 @@ def name_job(job: Job, limit: int | None, sample: int = 0, seed: int = 0) -> Job
     cpu = time.process_time()
     backends: set[str] = set()
 
-    def at(value: int):
-        result.probes += 1
-        return _naming(job, info.values(value))
-
     try:
-        for lo, hi in ranges:
-            for seg in segments(at, lo, hi):
-                kernels, seg_backends = seg.value
-                backends.update(seg_backends)
-                result.segments.append(Segment(seg.lo, seg.hi, list(kernels), list(seg_backends)))
-        for values, index in _sample_points(info, result.segments, sample, seed):
-            result.probes += 1
-            kernels, _ = _naming(job, values)
-            result.samples.append(Sample(values, index, list(kernels)))
+        with naming_session(job) as probe:
+
+            def at(value: int):
+                result.probes += 1
+                return probe(info.values(value))
+
+            for lo, hi in ranges:
+                for seg in segments(at, lo, hi):
+                    kernels, seg_backends = seg.value
+                    backends.update(seg_backends)
+                    result.segments.append(
+                        Segment(seg.lo, seg.hi, list(kernels), list(seg_backends))
+                    )
+            for values, index in _sample_points(info, result.segments, sample, seed):
+                result.probes += 1
+                kernels, _ = probe(values)
+                result.samples.append(Sample(values, index, list(kernels)))
     except NotImplementedError as err:
         result.tag, result.message, result.segments = SKIP, f"runtime declines: {err}", []
     except Exception as err:  # every other failure fails this job only

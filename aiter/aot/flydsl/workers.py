@@ -97,6 +97,8 @@ class ForkPool:
     def wait(self, timeout: float | None = None) -> tuple[Any, TaskOutcome] | None:
         """Reap one finished worker: (its task key, outcome); None if none ended in `timeout`."""
         deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._running and timeout:
+            time.sleep(min(timeout, 0.05))  # waiting for another process's token: do not spin
         while self._running:
             for pid in list(self._running):
                 done, status = os.waitpid(pid, os.WNOHANG)
