@@ -24,7 +24,7 @@ from aiter.tuning import TableError
 
 BF16 = torch.bfloat16
 DEFAULT_TABLE = A16W16.default_path
-HEADER = "gfx,cu_num,M,N,K,bias,dtype,outdtype,libtype,splitK,us,kernelName"
+HEADER = ",".join(A16W16.header)
 GRAMMAR = "expected flydsl_a16w16_<mfma|wmma>_<tile_m>x<tile_n>x<tile_k>"
 ALL_TILES = [
     pytest.param(mma, tile, id=f"{mma}-{tile.tile_m}x{tile.tile_n}x{tile.tile_k}")

@@ -27,8 +27,8 @@ from aiter.tuning import TableError
 FNUZ, FN, I8 = torch.float8_e4m3fnuz, torch.float8_e4m3fn, torch.int8
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 BP, BS = "flydsl_a8w8_bpreshuffle", "flydsl_a8w8_blockscale"
-BP_HEADER = "gfx,cu_num,M,N,K,q_dtype_w,libtype,kernelId,splitK,us,kernelName"
-BS_HEADER = "gfx,cu_num,M,N,K,libtype,kernelId,splitK,us,kernelName"
+BP_HEADER = ",".join(A8W8_BPRESHUFFLE.header)
+BS_HEADER = ",".join(A8W8_BLOCKSCALE.header)
 ALL_BP_TILES = (
     "16x64x64, 16x64x128, 16x128x64, 16x128x128, 32x64x64, 32x64x128, 32x128x64, 32x128x128, "
     "64x64x64, 64x64x128, 64x128x64, 64x128x128, 128x64x64, 128x64x128, 128x128x64, 128x128x128"

@@ -13,13 +13,14 @@ import textwrap
 import pytest
 
 from aiter.aot.flydsl.protocol import ArchReport
+from aiter.ops.gemm_tables import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16
 from tests.aot_cli import REPO, lines_starting, read_report, run_aot
 
 pytestmark = pytest.mark.slow  # builds a cache for two archs
 
 MODULE = "aiter.aot.flydsl.gemm"
 BF16, FP16, FP32 = "torch.bfloat16", "torch.float16", "torch.float32"
-HEADER = "gfx,cu_num,M,N,K,bias,dtype,outdtype,libtype,splitK,us,kernelName"
+HEADER = ",".join(A16W16.header)
 ROWS = [
     # split-K from the heuristic: 4 for M 17-32
     f"gfx942,304,32,4096,4096,0,{BF16},{BF16},flydsl,0,,flydsl_a16w16_mfma_32x64x64",
@@ -34,14 +35,10 @@ ROWS = [
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     tables = tmp_path_factory.mktemp("tables")
-    (tables / "bf16_tuned_gemm.csv").write_text("\n".join([HEADER, *ROWS]) + "\n")
+    (tables / A16W16.name).write_text("\n".join([HEADER, *ROWS]) + "\n")
     # The other GEMM tables exist and are empty: this test is about the bf16 family.
-    (tables / "a8w8_bpreshuffle_tuned_gemm.csv").write_text(
-        "gfx,cu_num,M,N,K,q_dtype_w,libtype,kernelId,splitK,us,kernelName\n"
-    )
-    (tables / "a8w8_blockscale_tuned_gemm.csv").write_text(
-        "gfx,cu_num,M,N,K,libtype,kernelId,splitK,us,kernelName\n"
-    )
+    for spec in (A8W8_BPRESHUFFLE, A8W8_BLOCKSCALE):
+        (tables / spec.name).write_text(",".join(spec.header) + "\n")
     env = {"AITER_CONFIG_DIR": str(tables), "GPU_ARCHS": "gfx942;gfx1250"}
     return env, tmp_path_factory.mktemp("cache")
 
