@@ -310,7 +310,7 @@ def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Bui
 def _fingerprint(build: Build) -> tuple[str, dict[str, Any]]:
     from aiter.aot.flydsl import fingerprint
 
-    extra = [f.source for f in build.families.values() if f.source]
+    extra = [registry.source_file(path) for path in build.modules.values()]
     inputs = fingerprint.FingerprintInputs(
         sources=tuple(fingerprint.package_sources(extra)),
         tables=tuple(p for spec in build.specs() for p in spec.paths()),

@@ -39,7 +39,6 @@ class Family:
     ) = None
     # Axis -> largest value replayed between tabled values; above it only tabled values are.
     limits: Mapping[str, int] = field(default_factory=dict)
-    source: str = ""  # the module's file, part of the build's fingerprint
 
     def axes(self) -> dict[str, int]:
         """Each axis the module's tables bucket on, with the spec's default maximum."""

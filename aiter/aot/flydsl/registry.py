@@ -27,16 +27,18 @@ def registered() -> dict[str, str]:
 
 
 def load(path: str) -> Family:
-    """The Family an AOT module declares, with its source file recorded."""
-    module = importlib.import_module(path)
-    family = getattr(module, "FAMILY", None)
+    """The Family an AOT module declares."""
+    family = getattr(importlib.import_module(path), "FAMILY", None)
     if not isinstance(family, Family):
         raise ValueError(
             f"{path} declares no FAMILY: an AOT module must define FAMILY = Family(...)"
         )
-    if not family.source:
-        object.__setattr__(family, "source", module_file(module))
     return family
+
+
+def source_file(path: str) -> str:
+    """The file of an AOT module: part of a build's fingerprint, wherever the module lives."""
+    return module_file(importlib.import_module(path))
 
 
 def select(names: Sequence[str] | None) -> dict[str, str]:
