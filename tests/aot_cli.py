@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,3 +41,16 @@ def read_report(path) -> list:
 
     document = json.loads(Path(path).read_text())
     return [from_json(ArchReport, arch) for arch in document["archs"]]
+
+
+def run_aot_together(
+    runs: Sequence[tuple[str, Sequence[str], dict[str, str] | None]], timeout: int = 900
+) -> list[subprocess.CompletedProcess]:
+    """Several `run_aot` calls side by side, each given as (module, args, env); the results
+    come back in the order of `runs`."""
+    with ThreadPoolExecutor(max_workers=max(len(runs), 1)) as pool:
+        futures = [
+            pool.submit(run_aot, module, *args, env=env, timeout=timeout)
+            for module, args, env in runs
+        ]
+        return [future.result() for future in futures]

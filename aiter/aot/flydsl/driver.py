@@ -461,9 +461,25 @@ def _versions() -> dict[str, str]:
     return dict(fingerprint.package_versions())
 
 
+def _recorded_seconds(cache_dir: str, arch: str) -> dict[str, float]:
+    """Compile seconds an earlier build recorded per entry, kept for entries not rebuilt."""
+    from aiter.aot.flydsl.manifest import read_manifest
+
+    try:
+        modules = read_manifest(cache_dir)["archs"].get(arch, {})
+    except ValueError:
+        return {}
+    return {
+        rel: record.get("compile_seconds", 0.0)
+        for kernels in modules.values()
+        for rel, record in kernels.items()
+    }
+
+
 def write_manifest(build: Build, report: ArchReport) -> None:
     from aiter.aot.flydsl.manifest import file_digest, update_manifest
 
+    recorded = _recorded_seconds(build.cache_dir, report.arch)
     seconds: dict[str, float] = {}
     for c in report.compiles:
         for f in c.compiled:
@@ -485,7 +501,7 @@ def write_manifest(build: Build, report: ArchReport) -> None:
                             "params": k.params,
                             "size": size,
                             "sha256": digest,
-                            "compile_seconds": seconds.get(str(k.path), 0.0),
+                            "compile_seconds": seconds.get(str(k.path), recorded.get(rel, 0.0)),
                             "requested_by": [],
                         }
                     kernels[rel]["requested_by"].append(

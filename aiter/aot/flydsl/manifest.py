@@ -112,22 +112,29 @@ def memo_entries(
 def entry_problem(cache_dir: str | Path, rel: str, record: Mapping[str, Any]) -> str | None:
     """Why an entry the manifest lists is not the one the build wrote, or None when it is:
     missing, another size or content, or not an AMDGPU code object of the arch it serves."""
-    from aiter.aot.flydsl import hooks
-    from aiter.aot.flydsl.elf import code_object_arch
-
     path = Path(cache_dir) / rel
     if not path.is_file():
         return "missing"
     size, digest = file_digest(path)
     if size != record.get("size") or digest != record.get("sha256"):
         return f"changed since the build (size {size}, recorded {record.get('size')})"
+    return entry_defect(path, record["arch"])
+
+
+def entry_defect(path: str | Path, arch: str) -> str | None:
+    """Why a cache entry is not a whole FlyDSL entry for `arch`, or None when it is: missing,
+    unreadable, or holding no code object or one of another arch. Runs no FlyDSL code."""
+    from aiter.aot.flydsl import hooks
+    from aiter.aot.flydsl.elf import code_object_arch
+
+    if not Path(path).is_file():
+        return "missing"
     try:
-        codes = hooks.extract_code_objects(path)
-        archs = {code_object_arch(code) for code in codes}
+        archs = {code_object_arch(code) for code in hooks.extract_code_objects(path)}
     except Exception as err:  # a corrupt entry is reported, never raised
         return f"not a readable FlyDSL entry ({type(err).__name__}: {err})"
-    if archs != {record["arch"]}:
-        return f"holds code objects for {sorted(archs) or 'no arch'}, expected {record['arch']}"
+    if archs != {arch}:
+        return f"holds code objects for {sorted(archs) or 'no arch'}, expected {arch}"
     return None
 
 

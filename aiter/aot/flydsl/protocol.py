@@ -147,6 +147,7 @@ class CompileResult:
     error: str = ""
     seconds: float = 0.0
     compiled: list[str] = field(default_factory=list)
+    replaced: list[str] = field(default_factory=list)  # entries that were there but not whole
     peak_rss_mb: float = 0.0
 
 
@@ -169,8 +170,12 @@ class ArchReport:
         return {f for c in self.compiles for f in c.compiled}
 
     def missing(self) -> set[Path]:
+        """Entries some call needs that the cache lacks (sampled points included)."""
         found = {m.kernel.path for r in self.results for m in r.missing}
-        return found | {f.kernel.path for r in self.results for f in r.findings}
+        sampled = {
+            f.kernel.path for r in self.results for f in r.findings if f.problem == "missing"
+        }
+        return found | sampled
 
 
 def to_json(record: Any) -> Any:

@@ -46,9 +46,10 @@ def select(names: Sequence[str] | None) -> dict[str, str]:
     modules = registered()
     if not names:
         return modules
-    unknown = [n for n in names if n not in modules and n not in modules.values()]
+    # A module answers to its registered name, its import path and the name its reports use.
+    aliases = {n: {n, p, load(p).module} for n, p in modules.items()}
+    unknown = [n for n in names if not any(n in a for a in aliases.values())]
     if unknown:
-        raise ValueError(
-            f"--module {','.join(unknown)}: no such AOT module; registered: {', '.join(modules)}"
-        )
-    return {n: p for n, p in modules.items() if n in names or p in names}
+        known = ", ".join(sorted({load(p).module for p in modules.values()}))
+        raise ValueError(f"--module {','.join(unknown)}: no such AOT module; registered: {known}")
+    return {n: p for n, p in modules.items() if aliases[n] & set(names)}

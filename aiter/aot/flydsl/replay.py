@@ -190,22 +190,52 @@ def name_job(job: Job, limit: int | None, sample: int = 0, seed: int = 0) -> Job
 # --- compiling ---
 
 
+_whole: dict[Path, bool] = {}
+
+
+def is_whole(kernel: KernelRef | str | Path, arch: str) -> bool:
+    """Whether a cache entry exists and holds a code object of `arch` (read once per process
+    while whole; a corrupt entry counts as missing and a build replaces it)."""
+    from aiter.aot.flydsl.manifest import entry_defect
+
+    path = kernel.path if isinstance(kernel, KernelRef) else Path(kernel)
+    if not _whole.get(path):
+        _whole[path] = entry_defect(path, arch) is None
+    return _whole[path]
+
+
+def _remove_broken(files: Sequence[str], arch: str) -> list[str]:
+    """Delete entries that are there but not whole, so FlyDSL compiles them again."""
+    removed = []
+    for f in files:
+        if Path(f).is_file() and not is_whole(f, arch):
+            Path(f).unlink()
+            removed.append(f)
+    return removed
+
+
 def compile_task(job: Job, task: CompileTask) -> dict[str, Any]:
     """Runs in a forked worker: call the public entry at the task's point with compiling on."""
     from aiter.aot.flydsl import hooks
     from aiter.aot.flydsl.dry_run import dry_run
 
+    arch = job.info.arch
+    replaced = _remove_broken(task.files, arch)
     before = {f for f in task.files if Path(f).is_file()}
     start = time.perf_counter()
     with dry_run(job.info.arch, job.info.cu_num, hooks.MODE_COMPILE):
         job.call(**task.values)
     seconds = time.perf_counter() - start
-    missing = [f for f in task.files if not Path(f).is_file()]
+    _whole.clear()
+    missing = [f for f in task.files if not is_whole(f, arch)]
     if missing:
-        raise RuntimeError(f"compiled, but no cache entry was written for {', '.join(missing)}")
+        raise RuntimeError(
+            f"compiled, but no whole cache entry was written for {', '.join(missing)}"
+        )
     return {
         "seconds": seconds,
         "compiled": [f for f in task.files if f not in before],
+        "replaced": replaced,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
 
@@ -219,7 +249,11 @@ def plan_compiles(
     tasks = []
     for seg in result.segments:
         files = [str(k.path) for k in seg.kernels]
-        todo = [k for k in seg.kernels if str(k.path) not in scheduled and not k.path.is_file()]
+        todo = [
+            k
+            for k in seg.kernels
+            if str(k.path) not in scheduled and not is_whole(k, result.job.arch)
+        ]
         if not todo:
             continue
         scheduled.update(files)
@@ -252,7 +286,7 @@ def audit(results: list[JobResult], mode: str) -> None:
                 Missing(k, seg.lo, seg.hi)
                 for seg in r.segments
                 for k in seg.kernels
-                if not k.path.is_file()
+                if not is_whole(k, r.job.arch)
             ]
         for s in r.samples:
             probed = (
@@ -263,11 +297,11 @@ def audit(results: list[JobResult], mode: str) -> None:
             for k in s.kernels:
                 if k.path not in probed:
                     r.findings.append(Finding("unprobed", s.values, k))
-                elif not k.path.is_file():
+                elif not is_whole(k, r.job.arch):
                     r.findings.append(Finding("missing", s.values, k))
         problems = []
         if r.missing:
-            problems.append(f"{len(r.missing)} kernel(s) missing from the cache")
+            problems.append(f"{len(r.missing)} kernel(s) missing from the cache or not whole")
         unprobed = sum(f.problem == "unprobed" for f in r.findings)
         if unprobed:
             problems.append(f"{unprobed} sampled kernel(s) that bisection did not name")
@@ -308,7 +342,7 @@ class _Scheduler:
         if self.mode == MODE_BUILD:
             for task in plan_compiles(index, result, self.scheduled, self.estimates):
                 self.serial += 1
-                self.to_compile.update(f for f in task.files if not Path(f).is_file())
+                self.to_compile.update(f for f in task.files if not is_whole(f, result.job.arch))
                 heapq.heappush(self.heap, (-task.estimate, self.serial, task))
         self.report()
 

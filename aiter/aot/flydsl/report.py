@@ -66,10 +66,16 @@ def summary_rows(reports: Sequence[ArchReport]) -> list[dict[str, Any]]:
             rows.append({"arch": report.arch, "module": "-", FAIL: 1, "jobs": 0})
             continue
         compiled = report.compiled()
-        missing = report.missing()
         for module in sorted({r.job.module for r in report.results}):
             results = [r for r in report.results if r.job.module == module]
             kernels = {k.path for r in results for k in r.kernels()}
+            missing = {m.kernel.path for r in results for m in r.missing}
+            missing |= {
+                f.kernel.path for r in results for f in r.findings if f.problem == "missing"
+            }
+            unprobed = {
+                f.kernel.path for r in results for f in r.findings if f.problem == "unprobed"
+            }
             rows.append(
                 {
                     "arch": report.arch,
@@ -78,7 +84,8 @@ def summary_rows(reports: Sequence[ArchReport]) -> list[dict[str, Any]]:
                     **{tag: sum(r.tag == tag for r in results) for tag in TAGS},
                     "kernels": len(kernels),
                     "compiled": len({p for p in kernels if str(p) in compiled}),
-                    "missing": len(kernels & missing),
+                    "missing": len(missing),
+                    "unprobed": len(unprobed),
                     "probes": sum(r.probes for r in results),
                     "naming_cpu_s": round(sum(r.naming_cpu for r in results), 2),
                     "arch_s": round(report.seconds, 1),
@@ -93,7 +100,10 @@ def print_summary(
     import pandas as pd
 
     table = pd.DataFrame(rows).fillna(0)
-    columns = ["arch", "module", "jobs", *TAGS, "kernels", "compiled", "missing", "arch_s"]
+    columns = ["arch", "module", "jobs", *TAGS, "kernels", "compiled", "missing", "unprobed"]
+    columns.append("arch_s")
+    if "unprobed" in table.columns and not table["unprobed"].any():
+        columns.remove("unprobed")  # only a sampled audit can find one
     table = table[[c for c in columns if c in table.columns]]
     for column in table.columns:
         if column not in ("arch", "module", "arch_s"):
@@ -103,3 +113,6 @@ def print_summary(
     print(f"replayed: {served} (what the deployment serves; --max-<axis> changes it)")
     for limit in sorted({line for r in reports for line in r.limits}):
         print(f"limit: {limit}")
+    for report in reports:
+        for path in sorted({f for c in report.compiles for f in c.replaced}):
+            print(f"replaced: {path} (it was in the cache but not a whole entry for {report.arch})")
