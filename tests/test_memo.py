@@ -5,6 +5,7 @@ a fingerprint input, --no-memo or a damaged cache entry makes it replay (and res
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import shutil
 import time
@@ -111,8 +112,9 @@ def test_an_unchanged_rebuild_replays_nothing(rebuilds):
     assert f"up to date: the fingerprint matches and all {count} kernels of axis" in proc.stdout
     assert "nothing replayed" in proc.stdout
     assert not lines_starting(proc.stderr, "[gfx942]"), proc.stderr  # not even a progress line
-    # It returned before anything else: not even the report was written.
-    assert not (rebuilds["work"] / "unchanged.json").exists()
+    # The report says so, and holds no replay.
+    document = json.loads((rebuilds["work"] / "unchanged.json").read_text())
+    assert document["up_to_date"] is True and document["archs"] == []
     # Deciding that needs neither torch nor FlyDSL: far below what starting a replay costs.
     assert rebuilds["unchanged_seconds"] < 5, rebuilds["unchanged_seconds"]
 

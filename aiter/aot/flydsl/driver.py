@@ -106,6 +106,8 @@ def assign_csv(specs: Sequence[TableSpec], items: Sequence[str]) -> dict[TableSp
             raise UsageError(f"--csv {item}: no table named {name!r}; tables: {_choices(specs)}")
         if not named:
             path = item
+        elif not path:
+            raise UsageError(f"--csv {item}: no path after '='; expected --csv {name}=PATH")
         _check_csv_path(path)
         header = _read_header(path)
         if named:
@@ -118,7 +120,7 @@ def assign_csv(specs: Sequence[TableSpec], items: Sequence[str]) -> dict[TableSp
         else:
             fits = [s for s in specs if set(s.header) == header]
             if len(fits) != 1:
-                why = "fits none of" if not fits else "fits more than one of"
+                why = "fit none of" if not fits else "fit more than one of"
                 raise UsageError(
                     f"--csv {path}: its columns {why} the tables; say which with "
                     f"--csv TABLE={path}, TABLE one of: {_choices(specs)}"
@@ -519,6 +521,22 @@ def write_manifest(build: Build, report: ArchReport) -> None:
         update_manifest(build.cache_dir, report.arch, module, kernels, _versions())
 
 
+def _write_report(
+    build: Build, reports: list[ArchReport], rows: list[dict[str, Any]], up_to_date: bool = False
+) -> None:
+    """--report: the whole typed report; a build the memo answered has no arch reports."""
+    if not build.report_path:
+        return
+    document = {
+        "mode": build.mode,
+        "modules": list(build.modules),
+        "up_to_date": up_to_date,
+        "archs": to_json(reports),
+        "summary": rows,
+    }
+    Path(build.report_path).write_text(json.dumps(document, indent=1))
+
+
 def main(module_paths: Sequence[str] | None = None, argv: Sequence[str] | None = None) -> int:
     """The command line of the AOT builder: every registered module (module_paths None) or the
     named ones; build (default), --list or --check."""
@@ -528,6 +546,7 @@ def main(module_paths: Sequence[str] | None = None, argv: Sequence[str] | None =
         if build.mode == MODE_BUILD and build.targets:
             fp, inputs = _fingerprint(build)
             if not build.no_memo and _memo_holds(build, fp):
+                _write_report(build, [], [], up_to_date=True)
                 return EXIT_OK
             from aiter.toolchain import LinkerNotFound, configure_linker
 
@@ -567,14 +586,7 @@ def main(module_paths: Sequence[str] | None = None, argv: Sequence[str] | None =
             fp,
             inputs or {},
         )
-    if build.report_path:
-        document = {
-            "mode": build.mode,
-            "modules": list(build.modules),
-            "archs": to_json(reports),
-            "summary": rows,
-        }
-        Path(build.report_path).write_text(json.dumps(document, indent=1))
+    _write_report(build, reports, rows)
     if build.mode == MODE_BUILD:
         print(f"cache: {build.cache_dir}")
         print(
