@@ -49,7 +49,9 @@ from aiter.aot.flydsl.protocol import (
 )
 
 DEFAULT_COMPILE_SECONDS = 1.0  # estimate for a kernel function no earlier build has timed
-NAMING_CHUNK = 8  # jobs a naming worker takes at once: small, so compiles interleave
+# Jobs a naming worker takes at once: enough that a fork's start-up is paid rarely, few enough
+# that every worker gets several chunks and compiles interleave with naming.
+MIN_NAMING_CHUNK, MAX_NAMING_CHUNK, CHUNKS_PER_WORKER = 8, 64, 4
 
 
 class Progress:
@@ -361,7 +363,9 @@ class _Scheduler:
         )
 
     def run(self, pending: list[int]) -> None:
-        chunks = [pending[i : i + NAMING_CHUNK] for i in range(0, len(pending), NAMING_CHUNK)]
+        size = len(pending) // (CHUNKS_PER_WORKER * self.pool.workers)
+        size = max(MIN_NAMING_CHUNK, min(MAX_NAMING_CHUNK, size))
+        chunks = [pending[i : i + size] for i in range(0, len(pending), size)]
         while chunks or self.heap or self.pool.busy:
             while (chunks or self.heap) and self.pool.reserve():
                 if self.heap:
@@ -442,10 +446,14 @@ def replay_arch(
     pool = ForkPool(workers, budget)
     scheduler = _Scheduler(jobs, limits, mode, sample, seed, estimates or {}, pool, progress)
     try:
-        if jobs:
-            # Named here, so imports, FakeTensorMode and FlyDSL's state are warm before forking.
-            scheduler.name_here(0)
-            scheduler.run(list(range(1, len(jobs))))
+        # The first job of each table is named here, so imports, FakeTensorMode and FlyDSL's
+        # state for every kernel family are warm in the workers forked afterwards.
+        firsts = list(
+            {(j.info.module, j.info.table): i for i, j in reversed(list(enumerate(jobs)))}.values()
+        )
+        for index in sorted(firsts):
+            scheduler.name_here(index)
+        scheduler.run([i for i in range(len(jobs)) if i not in set(firsts)])
     finally:
         pool.close()
     report.results = [r for r in scheduler.results if r is not None]
