@@ -17,6 +17,8 @@ from aiter.aot.flydsl.protocol import ArchReport, JobResult, KernelRef
 from aiter.ops.gemm_tables import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16
 from tests.aot_cli import lines_starting, read_report, run_aot
 
+pytestmark = pytest.mark.slow  # runs the command line, which replays and compiles
+
 MODULE = "aiter.aot.flydsl.gemm"
 ARCHS = ("gfx942", "gfx950", "gfx1250")
 MAX_M = 32768  # the default --max-m
@@ -200,7 +202,6 @@ def test_list_prints_every_job_with_its_segments(listing):
 # --- build, manifest, check ---
 
 
-@pytest.mark.slow
 def test_build_compiles_every_named_kernel(built, listing):
     proc, reports, cache = built
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -218,7 +219,6 @@ def test_build_compiles_every_named_kernel(built, listing):
     assert f"serve from it with: FLYDSL_RUNTIME_CACHE_DIR={cache} " in proc.stdout
 
 
-@pytest.mark.slow
 def test_build_summary_counts_each_arch(built):
     proc, reports, cache = built
     document = json.loads((cache.parent / "report.json").read_text())
@@ -234,7 +234,6 @@ def test_build_summary_counts_each_arch(built):
     assert all(printed[arch][1] == "gemm" for arch in ARCHS), proc.stdout
 
 
-@pytest.mark.slow
 def test_manifest_lists_every_kernel_and_who_asked(built):
     _, reports, cache = built
     manifest = json.loads((cache / "aiter_aot_manifest.json").read_text())
@@ -253,7 +252,6 @@ def test_manifest_lists_every_kernel_and_who_asked(built):
         assert rows == {r.job.row for r in report.results if r.tag == "OK"}
 
 
-@pytest.mark.slow
 def test_check_passes_and_a_rebuild_is_up_to_date(built, env, tmp_path):
     _, _, cache = built
     proc, reports = replay(env, tmp_path / "check.json", "--check", "--cache-dir", str(cache))

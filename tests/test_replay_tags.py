@@ -23,6 +23,8 @@ gfx942,304,64,abort
 gfx942,304,500,refused
 gfx942,304,4000,refused
 """
+pytestmark = pytest.mark.slow  # runs the command line, which replays and compiles
+
 MODULE = "tests.fixtures.tag_family"
 MAX_M = 32768  # the default --max-m
 REFUSED_ABOVE = "in-between M 1001-32768 above the module's limit 1000 not replayed"
