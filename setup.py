@@ -17,5 +17,5 @@ setup(
         "pandas",
         "ziglang",
     ],
-    extras_require={"dev": ["pytest", "black", "ruff"]},
+    extras_require={"dev": ["pytest", "hypothesis", "black", "ruff"]},
 )

@@ -6,10 +6,12 @@ One JSON file at the cache root, replaced atomically; each build replaces its (a
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,19 @@ def read_manifest(cache_dir: str | Path) -> dict[str, Any]:
     return data
 
 
+@contextlib.contextmanager
+def _locked(cache_dir: str | Path) -> Iterator[None]:
+    """Hold the manifest's lock: builders of other archs or modules into the same cache wait,
+    so none loses another's part of the manifest."""
+    Path(cache_dir).mkdir(parents=True, exist_ok=True)
+    with open(Path(cache_dir) / f".{MANIFEST_NAME}.lock", "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def file_digest(path: str | Path) -> tuple[int, str]:
     """Size and sha256 of a file."""
     data = Path(path).read_bytes()
@@ -61,14 +76,14 @@ def update_manifest(
     compile-time parameters, size, sha256 and the jobs that asked for it. Every build record
     that covered this (arch, module) is dropped: its list of entries is no longer the one here.
     """
-    data = read_manifest(cache_dir)
-    data["versions"] = dict(versions)
-    data["archs"].setdefault(arch, {})[module] = dict(kernels)
-    for key in [
-        k for k, b in data["builds"].items() if arch in b["archs"] and module in b["modules"]
-    ]:
-        del data["builds"][key]
-    return _write(cache_dir, data)
+    with _locked(cache_dir):
+        data = read_manifest(cache_dir)
+        data["versions"] = dict(versions)
+        data["archs"].setdefault(arch, {})[module] = dict(kernels)
+        builds = data["builds"]
+        for key in [k for k, b in builds.items() if arch in b["archs"] and module in b["modules"]]:
+            del builds[key]
+        return _write(cache_dir, data)
 
 
 def record_build(
@@ -80,14 +95,15 @@ def record_build(
     inputs: Mapping[str, Any],
 ) -> Path:
     """Say that a build of `modules` for `targets` with this fingerprint completed."""
-    data = read_manifest(cache_dir)
-    data["builds"][build_key(modules, targets)] = {
-        "fingerprint": fingerprint,
-        "modules": sorted(modules),
-        "archs": sorted(archs),
-        "inputs": dict(inputs),
-    }
-    return _write(cache_dir, data)
+    with _locked(cache_dir):
+        data = read_manifest(cache_dir)
+        data["builds"][build_key(modules, targets)] = {
+            "fingerprint": fingerprint,
+            "modules": sorted(modules),
+            "archs": sorted(archs),
+            "inputs": dict(inputs),
+        }
+        return _write(cache_dir, data)
 
 
 def memo_entries(
@@ -141,7 +157,7 @@ def entry_defect(path: str | Path, arch: str) -> str | None:
 def _write(cache_dir: str | Path, data: Mapping[str, Any]) -> Path:
     path = manifest_path(cache_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{MANIFEST_NAME}.{os.getpid()}")
+    tmp = path.with_name(f".{MANIFEST_NAME}.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
     os.replace(tmp, path)
     return path

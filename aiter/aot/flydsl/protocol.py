@@ -19,6 +19,7 @@ TAGS = (OK, SKIP, REFUSED, UNREACHED, FAIL)
 EXIT_OK, EXIT_FAIL, EXIT_USAGE = 0, 1, 2
 MODE_BUILD, MODE_LIST, MODE_CHECK = "build", "list", "check"
 MODES = (MODE_BUILD, MODE_LIST, MODE_CHECK)
+MISSING, CORRUPT = "missing", "corrupt"
 
 T = TypeVar("T")
 
@@ -83,11 +84,13 @@ class Segment:
 
 @dataclass(frozen=True)
 class Missing:
-    """A kernel some call needs that the cache lacks."""
+    """A kernel some call needs that the cache lacks, or holds corrupt."""
 
     kernel: KernelRef
     lo: int
     hi: int
+    problem: str = MISSING  # MISSING or CORRUPT
+    why: str = ""  # what is wrong with a corrupt entry
 
 
 @dataclass(frozen=True)

@@ -22,8 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from aiter.aot.flydsl import registry
+from aiter.aot.flydsl.entries import MISSING, EntryAudit
 from aiter.aot.flydsl.jobs import Family, Job
 from aiter.aot.flydsl.protocol import (
+    CORRUPT,
     EXIT_OK,
     EXIT_USAGE,
     FAIL,
@@ -192,44 +194,19 @@ def name_job(job: Job, limit: int | None, sample: int = 0, seed: int = 0) -> Job
 # --- compiling ---
 
 
-_whole: dict[Path, bool] = {}
-
-
-def is_whole(kernel: KernelRef | str | Path, arch: str) -> bool:
-    """Whether a cache entry exists and holds a code object of `arch` (read once per process
-    while whole; a corrupt entry counts as missing and a build replaces it)."""
-    from aiter.aot.flydsl.manifest import entry_defect
-
-    path = kernel.path if isinstance(kernel, KernelRef) else Path(kernel)
-    if not _whole.get(path):
-        _whole[path] = entry_defect(path, arch) is None
-    return _whole[path]
-
-
-def _remove_broken(files: Sequence[str], arch: str) -> list[str]:
-    """Delete entries that are there but not whole, so FlyDSL compiles them again."""
-    removed = []
-    for f in files:
-        if Path(f).is_file() and not is_whole(f, arch):
-            Path(f).unlink()
-            removed.append(f)
-    return removed
-
-
-def compile_task(job: Job, task: CompileTask) -> dict[str, Any]:
+def compile_task(job: Job, task: CompileTask, entries: EntryAudit) -> dict[str, Any]:
     """Runs in a forked worker: call the public entry at the task's point with compiling on."""
     from aiter.aot.flydsl import hooks
     from aiter.aot.flydsl.dry_run import dry_run
 
-    arch = job.info.arch
-    replaced = _remove_broken(task.files, arch)
+    replaced = entries.remove_corrupt(task.files)
     before = {f for f in task.files if Path(f).is_file()}
     start = time.perf_counter()
     with dry_run(job.info.arch, job.info.cu_num, hooks.MODE_COMPILE):
         job.call(**task.values)
     seconds = time.perf_counter() - start
-    _whole.clear()
-    missing = [f for f in task.files if not is_whole(f, arch)]
+    entries.forget(task.files)
+    missing = [f for f in task.files if not entries.is_whole(f)]
     if missing:
         raise RuntimeError(
             f"compiled, but no whole cache entry was written for {', '.join(missing)}"
@@ -243,7 +220,11 @@ def compile_task(job: Job, task: CompileTask) -> dict[str, Any]:
 
 
 def plan_compiles(
-    index: int, result: JobResult, scheduled: set[str], estimates: Mapping[str, float]
+    index: int,
+    result: JobResult,
+    scheduled: set[str],
+    estimates: Mapping[str, float],
+    entries: EntryAudit,
 ) -> list[CompileTask]:
     """A task per segment whose kernel set holds a kernel not yet on disk nor scheduled."""
     if result.tag not in (OK, REFUSED):
@@ -252,9 +233,7 @@ def plan_compiles(
     for seg in result.segments:
         files = [str(k.path) for k in seg.kernels]
         todo = [
-            k
-            for k in seg.kernels
-            if str(k.path) not in scheduled and not is_whole(k, result.job.arch)
+            k for k in seg.kernels if str(k.path) not in scheduled and not entries.is_whole(k.path)
         ]
         if not todo:
             continue
@@ -274,8 +253,9 @@ def plan_compiles(
 # --- the audit after naming ---
 
 
-def audit(results: list[JobResult], mode: str) -> None:
-    """Find kernels the cache lacks, and sampled kernels no probe named; fail those jobs."""
+def audit(results: list[JobResult], mode: str, entries: EntryAudit) -> None:
+    """Find kernels the cache lacks or holds corrupt, and sampled kernels no probe named; fail
+    those jobs."""
     group_kernels: dict[str, set[Path]] = {}
     for r in results:
         if r.job.group:
@@ -285,10 +265,10 @@ def audit(results: list[JobResult], mode: str) -> None:
             continue
         if mode != MODE_LIST:
             r.missing = [
-                Missing(k, seg.lo, seg.hi)
+                Missing(k, seg.lo, seg.hi, *_problem(entries.problem(k.path)))
                 for seg in r.segments
                 for k in seg.kernels
-                if not is_whole(k, r.job.arch)
+                if not entries.is_whole(k.path)
             ]
         for s in r.samples:
             probed = (
@@ -299,11 +279,14 @@ def audit(results: list[JobResult], mode: str) -> None:
             for k in s.kernels:
                 if k.path not in probed:
                     r.findings.append(Finding("unprobed", s.values, k))
-                elif not is_whole(k, r.job.arch):
+                elif not entries.is_whole(k.path):
                     r.findings.append(Finding("missing", s.values, k))
         problems = []
-        if r.missing:
-            problems.append(f"{len(r.missing)} kernel(s) missing from the cache or not whole")
+        corrupt = sum(m.problem == CORRUPT for m in r.missing)
+        if len(r.missing) > corrupt:
+            problems.append(f"{len(r.missing) - corrupt} kernel(s) missing from the cache")
+        if corrupt:
+            problems.append(f"{corrupt} corrupt cache entr{'y' if corrupt == 1 else 'ies'}")
         unprobed = sum(f.problem == "unprobed" for f in r.findings)
         if unprobed:
             problems.append(f"{unprobed} sampled kernel(s) that bisection did not name")
@@ -313,6 +296,13 @@ def audit(results: list[JobResult], mode: str) -> None:
             r.tag, r.message = FAIL, "; ".join(problems)
 
 
+def _problem(problem: str | None) -> tuple[str, str]:
+    """(problem, why) of a Missing record."""
+    if problem == MISSING:
+        return MISSING, ""
+    return CORRUPT, problem or ""
+
+
 # --- the scheduler ---
 
 
@@ -320,13 +310,14 @@ class _Scheduler:
     """Naming chunks and compile tasks on one pool of forked workers; compiles first, longest
     first, so compiling starts while naming goes on."""
 
-    def __init__(self, jobs, limits, mode, sample, seed, estimates, pool, progress) -> None:
+    def __init__(self, jobs, limits, mode, sample, seed, estimates, pool, progress, entries):
         self.jobs: list[Job] = jobs
         self.limits: list[int | None] = limits
         self.mode, self.sample, self.seed = mode, sample, seed
         self.estimates = estimates
         self.pool = pool
         self.progress = progress
+        self.entries: EntryAudit = entries
         self.results: list[JobResult | None] = [None] * len(jobs)
         self.compiles: list[CompileResult] = []
         self.scheduled: set[str] = set()
@@ -342,9 +333,9 @@ class _Scheduler:
     def accept(self, index: int, result: JobResult) -> None:
         self.results[index] = result
         if self.mode == MODE_BUILD:
-            for task in plan_compiles(index, result, self.scheduled, self.estimates):
+            for task in plan_compiles(index, result, self.scheduled, self.estimates, self.entries):
                 self.serial += 1
-                self.to_compile.update(f for f in task.files if not is_whole(f, result.job.arch))
+                self.to_compile.update(f for f in task.files if not self.entries.is_whole(f))
                 heapq.heappush(self.heap, (-task.estimate, self.serial, task))
         self.report()
 
@@ -390,7 +381,7 @@ class _Scheduler:
         ]
 
     def _compile_in_child(self, task: CompileTask) -> dict[str, Any]:
-        return compile_task(self.jobs[task.job], task)
+        return compile_task(self.jobs[task.job], task, self.entries)
 
     def _named(self, chunk: list[int], outcome: Any) -> None:
         for position, index in enumerate(chunk):
@@ -401,6 +392,7 @@ class _Scheduler:
             self.accept(index, result)
 
     def _compiled(self, task: CompileTask, outcome: Any) -> None:
+        self.entries.forget(task.files)
         if outcome.ok:
             compiled = CompileResult(task, True, **outcome.result)
             self.kernels_compiled += len(compiled.compiled)
@@ -444,7 +436,12 @@ def replay_arch(
         if any(family.limits.get(j.info.axis) is not None for j in family_jobs):
             report.limits += family.describe_limits()
     pool = ForkPool(workers, budget)
-    scheduler = _Scheduler(jobs, limits, mode, sample, seed, estimates or {}, pool, progress)
+    from aiter.aot.flydsl import hooks
+
+    entries = EntryAudit(hooks.cache_dir_from_env(), arch)
+    scheduler = _Scheduler(
+        jobs, limits, mode, sample, seed, estimates or {}, pool, progress, entries
+    )
     try:
         # The first job of each table is named here, so imports, FakeTensorMode and FlyDSL's
         # state for every kernel family are warm in the workers forked afterwards.
@@ -458,7 +455,7 @@ def replay_arch(
         pool.close()
     report.results = [r for r in scheduler.results if r is not None]
     report.compiles = scheduler.compiles
-    audit(report.results, mode)
+    audit(report.results, mode, entries)
     report.naming_seconds = sum(r.naming_cpu for r in report.results)
     report.seconds = time.perf_counter() - start
     return report

@@ -9,6 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiter.aot.flydsl.protocol import (
+    CORRUPT,
     FAIL,
     MODE_CHECK,
     MODE_LIST,
@@ -40,11 +41,15 @@ def print_job_lines(report: ArchReport, mode: str, verbose: bool) -> None:
                 print(f"          {result.job.axis} {seg.lo}-{seg.hi}: {names}")
         if mode == MODE_CHECK:
             for m in result.missing:
-                print(
-                    f"MISSING   module={result.job.module} row={result.job.row} "
+                where = (
+                    f"module={result.job.module} row={result.job.row} "
                     f"{result.job.axis}={m.lo}-{m.hi}{_fixed(result)} arch={report.arch} "
-                    f"kernel={m.kernel.function}/{m.kernel.file} params: {m.kernel.params}"
+                    f"kernel={m.kernel.function}/{m.kernel.file}"
                 )
+                if m.problem == CORRUPT:
+                    print(f"CORRUPT   {where} path={m.kernel.path} why: {m.why}")
+                else:
+                    print(f"MISSING   {where} params: {m.kernel.params}")
             for f in result.findings:
                 at = " ".join(f"{k}={v}" for k, v in f.values.items())
                 print(
