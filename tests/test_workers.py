@@ -164,3 +164,15 @@ def test_other_children_of_the_parent_keep_their_status() -> None:
     time.sleep(0.2)  # let it finish before the workers start reaping
     assert run_forked([0], lambda task: time.sleep(0.2) or task, workers=1)[0].ok
     assert other.wait(timeout=10) == 3
+
+
+def test_a_task_over_its_timeout_is_killed_and_fails_alone() -> None:
+    def run(task: float) -> float:
+        time.sleep(task)
+        return task
+
+    start = time.monotonic()
+    outcomes = run_forked([30.0, 0.0, 0.05], run, workers=3, timeout=1.0)
+    assert time.monotonic() - start < 20  # the 30 s task did not run its course
+    assert outcomes[0] == TaskOutcome(0, False, None, "timed out after 1 s; the worker was killed")
+    assert [o.ok for o in outcomes[1:]] == [True, True]

@@ -38,6 +38,14 @@ from aiter.aot.flydsl.report import print_job_lines, print_summary, summary_rows
 from aiter.arch import ARCHS, ArchTarget, parse_gpu_archs
 from aiter.tuning import TableError, TableSpec
 
+# Far above the slowest real compile measured here (a few seconds); a worker this slow hangs.
+DEFAULT_TIMEOUT = 600.0
+# What one compile worker may hold (measured peak about 390 MB) and one arch process (about
+# 500 MB after its first compile): -j is capped so they fit in the memory available.
+WORKER_MB = 600
+ARCH_PROCESS_MB = 600
+WORKER_MB_ENV = "AITER_AOT_WORKER_MB"
+
 
 class UsageError(Exception):
     """Bad command line or environment: exit status 2."""
@@ -57,6 +65,7 @@ class Build:
     sample: int
     seed: int
     verbose: bool
+    timeout: float = DEFAULT_TIMEOUT
     no_memo: bool = False
     report_path: str | None = None
     env: dict[str, str] = field(default_factory=dict)
@@ -206,6 +215,14 @@ def _parser(prog: str, axes: dict[str, Any], combined: bool) -> argparse.Argumen
         help="with --check: also name the kernels at N random points inside every segment",
     )
     parser.add_argument("--seed", type=int, default=0, help="seed of --sample's points")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help="a worker still compiling (or naming) one task after this long is killed and its "
+        f"job fails (default {DEFAULT_TIMEOUT:g})",
+    )
     if combined:
         parser.add_argument(
             "--module",
@@ -264,6 +281,8 @@ def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Bui
     mode = MODE_LIST if args.list else MODE_CHECK if args.check else MODE_BUILD
     if args.workers < 1:
         raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    if args.timeout <= 0:
+        raise UsageError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
     if args.sample < 0 or (args.sample and mode != MODE_CHECK):
         raise UsageError("--sample N needs --check and N >= 0")
     maxima = {name: getattr(args, f"max_{name}") for name in axes}
@@ -292,6 +311,7 @@ def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Bui
         sample=args.sample,
         seed=args.seed,
         verbose=args.verbose,
+        timeout=args.timeout,
         no_memo=args.no_memo,
         report_path=args.report,
     )
@@ -394,6 +414,7 @@ def _start(build: Build, target: ArchTarget, tmp: Path, budget: Any, estimates: 
     cmd += ["--arch", target.arch, "--mode", build.mode, "--workers", str(build.workers)]
     cmd += ["--result", str(result), "--progress-fd", str(write_fd), "--estimates", str(estimates)]
     cmd += ["--sample", str(build.sample), "--seed", str(build.seed)]
+    cmd += ["--timeout", str(build.timeout)]
     for name, value in build.maxima.items():
         cmd += ["--max", f"{name}={value}"]
     if target.cu_num is not None:
@@ -407,10 +428,39 @@ def _start(build: Build, target: ArchTarget, tmp: Path, budget: Any, estimates: 
     return _ArchRun(target, proc, result, os.fdopen(read_fd, "r"))
 
 
+def available_mb() -> int | None:
+    """Memory the kernel says new work can use (MemAvailable), None where it does not say."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) // 1024
+    except OSError:
+        pass
+    return None
+
+
+def memory_capped_workers(workers: int, archs: int, available: int | None) -> int:
+    """-j, capped so that the arch processes and the workers fit in available memory."""
+    if available is None:
+        return workers
+    per_worker = int(os.environ.get(WORKER_MB_ENV) or WORKER_MB)
+    fit = (available - archs * ARCH_PROCESS_MB) // max(per_worker, 1)
+    return max(1, min(workers, fit))
+
+
 def _run_archs(build: Build) -> list[ArchReport]:
     from aiter.aot.flydsl.budget import WorkerBudget
     from aiter.aot.flydsl.progress import ProgressBoard
 
+    workers = memory_capped_workers(build.workers, len(build.targets), available_mb())
+    if workers < build.workers:
+        print(
+            f"-j {build.workers} capped to {workers} workers: {available_mb()} MB available, "
+            f"{len(build.targets)} arch processes and {os.environ.get(WORKER_MB_ENV) or WORKER_MB}"
+            f" MB per worker ({WORKER_MB_ENV})",
+            file=sys.stderr,
+        )
+        build.workers = workers
     budget = WorkerBudget.create(build.workers)
     labels = [str(t) for t in build.targets]
     board = ProgressBoard(labels)

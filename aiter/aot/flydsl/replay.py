@@ -8,11 +8,13 @@ modules in one process; the workers of every arch process share the driver's bud
 from __future__ import annotations
 
 import argparse
+import errno
 import heapq
 import json
 import os
 import random
 import resource
+import signal
 import sys
 import time
 import zlib
@@ -201,9 +203,19 @@ def compile_task(job: Job, task: CompileTask, entries: EntryAudit) -> dict[str, 
 
     replaced = entries.remove_corrupt(task.files)
     before = {f for f in task.files if Path(f).is_file()}
+    # Past a file-size limit a write then fails with EFBIG instead of killing the worker.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     start = time.perf_counter()
-    with dry_run(job.info.arch, job.info.cu_num, hooks.MODE_COMPILE):
-        job.call(**task.values)
+    try:
+        with dry_run(job.info.arch, job.info.cu_num, hooks.MODE_COMPILE):
+            job.call(**task.values)
+    except OSError as err:
+        if err.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
+            raise RuntimeError(
+                f"cannot write to the cache ({err.strerror}: the disk is full or a file-size "
+                "limit was reached); no partial entry was left, free space and build again"
+            ) from None
+        raise
     seconds = time.perf_counter() - start
     entries.forget(task.files)
     missing = [f for f in task.files if not entries.is_whole(f)]
@@ -318,6 +330,7 @@ class _Scheduler:
         self.pool = pool
         self.progress = progress
         self.entries: EntryAudit = entries
+        self.timeout: float | None = None  # seconds a worker may take for one task
         self.results: list[JobResult | None] = [None] * len(jobs)
         self.compiles: list[CompileResult] = []
         self.scheduled: set[str] = set()
@@ -361,10 +374,10 @@ class _Scheduler:
             while (chunks or self.heap) and self.pool.reserve():
                 if self.heap:
                     task = heapq.heappop(self.heap)[2]
-                    self.pool.start(("compile", task), task, self._compile_in_child)
+                    self.pool.start(("compile", task), task, self._compile_in_child, self.timeout)
                 else:
                     chunk = chunks.pop(0)
-                    self.pool.start(("name", chunk), chunk, self._name_in_child)
+                    self.pool.start(("name", chunk), chunk, self._name_in_child, self.timeout)
             finished = self.pool.wait(timeout=0.1)
             if finished is not None:
                 (kind, what), outcome = finished
@@ -414,6 +427,7 @@ def replay_arch(
     maxima: Mapping[str, int] | None = None,
     sample: int = 0,
     seed: int = 0,
+    timeout: float | None = None,
     estimates: Mapping[str, float] | None = None,
     budget: Any = None,
     progress: Progress | None = None,
@@ -442,6 +456,7 @@ def replay_arch(
     scheduler = _Scheduler(
         jobs, limits, mode, sample, seed, estimates or {}, pool, progress, entries
     )
+    scheduler.timeout = timeout
     try:
         # The first job of each table is named here, so imports, FakeTensorMode and FlyDSL's
         # state for every kernel family are warm in the workers forked afterwards.
@@ -479,6 +494,7 @@ def arch_process_main(argv: Sequence[str]) -> int:
     parser.add_argument("--result", required=True)
     parser.add_argument("--max", action="append", default=[])
     parser.add_argument("--sample", type=int, default=0)
+    parser.add_argument("--timeout", type=float)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--estimates")
     parser.add_argument("--progress-fd", type=int)
@@ -512,6 +528,7 @@ def arch_process_main(argv: Sequence[str]) -> int:
         args.workers,
         maxima=_parse_maxima(args.max),
         sample=args.sample,
+        timeout=args.timeout,
         seed=args.seed,
         estimates=estimates,
         budget=budget,

@@ -71,6 +71,7 @@ class ForkPool:
         self.workers = workers
         self.budget = budget  # a WorkerBudget, or None for this process alone
         self._running: dict[int, tuple[Any, Path]] = {}  # pid -> (task key, result file)
+        self._deadlines: dict[int, tuple[float, float]] = {}  # pid -> (monotonic end, limit)
         self._tmp = tempfile.TemporaryDirectory(prefix="aiter-workers-")
         self._serial = 0
 
@@ -84,8 +85,11 @@ class ForkPool:
             return False
         return self.budget is None or self.budget.try_acquire()
 
-    def start(self, key: Any, task: Any, run: Callable[[Any], Any]) -> None:
-        """Fork a worker for `task` in a slot claimed by reserve()."""
+    def start(
+        self, key: Any, task: Any, run: Callable[[Any], Any], timeout: float | None = None
+    ) -> None:
+        """Fork a worker for `task` in a slot claimed by reserve(); a worker still running
+        after `timeout` seconds is killed and its task fails."""
         self._serial += 1
         out_path = Path(self._tmp.name) / f"{self._serial}.json"
         sys.stdout.flush()
@@ -98,6 +102,8 @@ class ForkPool:
             _child(task, run, out_path)
         gc.unfreeze()
         self._running[pid] = (key, out_path)
+        if timeout is not None:
+            self._deadlines[pid] = (time.monotonic() + timeout, timeout)
 
     def wait(self, timeout: float | None = None) -> tuple[Any, TaskOutcome] | None:
         """Reap one finished worker: (its task key, outcome); None if none ended in `timeout`."""
@@ -108,16 +114,31 @@ class ForkPool:
             for pid in list(self._running):
                 done, status = os.waitpid(pid, os.WNOHANG)
                 if done:
-                    key, out_path = self._running.pop(pid)
-                    if self.budget is not None:
-                        self.budget.release()
-                    return key, _collect(-1, status, out_path)
+                    return self._reaped(pid, _collect(-1, status, self._running[pid][1]))
+                end, limit = self._deadlines.get(pid, (None, None))
+                if end is not None and time.monotonic() >= end:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    error = f"timed out after {limit:g} s; the worker was killed"
+                    return self._reaped(pid, TaskOutcome(-1, False, None, error))
             if deadline is not None and time.monotonic() >= deadline:
                 return None
             time.sleep(POLL_SECONDS)
         return None
 
+    def _reaped(self, pid: int, outcome: TaskOutcome) -> tuple[Any, TaskOutcome]:
+        key, _ = self._running.pop(pid)
+        self._deadlines.pop(pid, None)
+        if self.budget is not None:
+            self.budget.release()
+        return key, outcome
+
     def close(self) -> None:
+        """Kill workers still running (the caller gave up on them) and remove the results."""
+        for pid in list(self._running):
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            self._reaped(pid, TaskOutcome(-1, False, None, "abandoned"))
         self._tmp.cleanup()
 
 
@@ -127,8 +148,10 @@ def run_forked(
     workers: int,
     on_done: Callable[[TaskOutcome], None] | None = None,
     budget: Any = None,
+    timeout: float | None = None,
 ) -> list[TaskOutcome]:
-    """Run `run(task)` for each task in a forked child, at most `workers` at once."""
+    """Run `run(task)` for each task in a forked child, at most `workers` at once; a task
+    still running after `timeout` seconds fails and its child is killed."""
     pool = ForkPool(workers, budget)
     outcomes: list[TaskOutcome | None] = [None] * len(tasks)
     pending = list(range(len(tasks)))
@@ -136,7 +159,7 @@ def run_forked(
         while pending or pool.busy:
             while pending and pool.reserve():
                 index = pending.pop(0)
-                pool.start(index, tasks[index], run)
+                pool.start(index, tasks[index], run, timeout)
             finished = pool.wait(timeout=0.05)
             if finished is None:
                 continue
