@@ -514,10 +514,6 @@ def _extra_table(tmp_path: Path, monkeypatch, *rows: str) -> Path:
             "flydsl_a16w16_wmma_16x64x64",
             "'flydsl_a16w16_wmma_16x64x64' names a wmma kernel, but this arch uses mfma kernels",
         ),
-        (
-            "flydsl_a16w16_mfma_64x64",
-            "'flydsl_a16w16_mfma_64x64' is not a flydsl_a16w16 kernel name: ",
-        ),
         ("", "'' is not a flydsl_a16w16 kernel name: "),
     ],
 )
@@ -538,6 +534,63 @@ def test_bad_kernel_name_in_a_table_names_file_line_and_column(
         err = info.value
         assert str(err).startswith(f"{path}:3: column 'kernelName': {detail}")
         assert (err.path, err.line, err.column) == (str(path), 3, "kernelName")
+
+
+@pytest.mark.parametrize(
+    "kernel", ["flydsl_a16w16_mfma_64x64", "flydsl_a16w16_xmma_16x64x64", "gemm_16x64x64"]
+)
+def test_a_kernel_name_off_the_grammar_fails_the_table_at_load(
+    tmp_path: Path, monkeypatch, run, kernel: str
+) -> None:
+    path = _extra_table(
+        tmp_path,
+        monkeypatch,
+        "gfx942,304,4,320,64,0,torch.bfloat16,torch.bfloat16,flydsl,0,,flydsl_a16w16_mfma_16x64x64",
+        f"gfx942,304,8,320,64,0,torch.bfloat16,torch.bfloat16,flydsl,0,,{kernel}",
+    )
+    with pytest.raises(TableError) as info:
+        run(4, 320, 64)  # before any row serves: the whole table is refused
+    assert str(info.value) == (
+        f"{path}:3: column 'kernelName': expected flydsl_a16w16_<mfma|wmma>_<tile_m>x<tile_n>x"
+        f"<tile_k> or an empty cell, found {kernel!r}"
+    )
+
+
+@pytest.mark.parametrize(
+    "cells, column, expected",
+    [
+        ("gfx942,304,0,320,64", "M", "an integer >= 1"),
+        ("gfx942,304,8,-320,64", "N", "an integer >= 1"),
+        ("gfx942,304,8,320,0", "K", "an integer >= 1"),
+        ("gfx942,0,8,320,64", "cu_num", "an integer >= 1"),
+    ],
+)
+def test_shapes_below_one_fail_the_table_at_load(
+    tmp_path: Path, monkeypatch, run, cells: str, column: str, expected: str
+) -> None:
+    path = _extra_table(
+        tmp_path,
+        monkeypatch,
+        f"{cells},0,torch.bfloat16,torch.bfloat16,flydsl,0,,flydsl_a16w16_mfma_16x64x64",
+    )
+    with pytest.raises(TableError) as info:
+        run(4, 320, 64)
+    assert str(info.value).startswith(f"{path}:2: column '{column}': expected {expected}, found")
+    assert (info.value.line, info.value.column) == (2, column)
+
+
+def test_a_dtype_the_entry_does_not_take_fails_the_table_at_load(tmp_path, monkeypatch, run):
+    path = _extra_table(
+        tmp_path,
+        monkeypatch,
+        "gfx942,304,8,320,64,0,torch.int8,torch.bfloat16,flydsl,0,,flydsl_a16w16_mfma_16x64x64",
+    )
+    with pytest.raises(TableError) as info:
+        run(4, 320, 64)
+    assert str(info.value) == (
+        f"{path}:2: column 'dtype': expected one of torch.bfloat16, torch.float16, "
+        "found 'torch.int8'"
+    )
 
 
 def test_bad_libtype_in_a_table_names_file_line_and_column(tmp_path, monkeypatch, run) -> None:

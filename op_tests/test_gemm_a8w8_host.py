@@ -754,7 +754,6 @@ def test_table_env_vars() -> None:
             f"{BP}_wmma_16x64x128",
             f"'{BP}_wmma_16x64x128' names a wmma kernel, but this arch uses mfma kernels",
         ),
-        (f"{BS}_mfma_16x64x128", f"'{BS}_mfma_16x64x128' is not a {BP} kernel name: "),
         ("", f"'' is not a {BP} kernel name: "),
     ],
 )
@@ -780,6 +779,20 @@ def test_bad_kernel_name_in_a_table_names_file_line_and_column(
         err = info.value
         assert str(err).startswith(f"{path}:3: column 'kernelName': {detail}")
         assert (err.path, err.line, err.column) == (str(path), 3, "kernelName")
+
+
+def test_another_familys_kernel_name_fails_the_table_at_load(tmp_path, monkeypatch, run) -> None:
+    path = _extra_table(
+        tmp_path,
+        monkeypatch,
+        A8W8_BPRESHUFFLE,
+        f"gfx942,304,8,320,640,torch.float8_e4m3fnuz,flydsl,0,0,,{BS}_mfma_16x64x128",
+    )
+    with pytest.raises(TableError) as info:
+        bpreshuffle(run, 4, 320, 640)
+    assert str(info.value).startswith(
+        f"{path}:2: column 'kernelName': expected {BP}_<mfma|wmma>_<tile_m>x<tile_n>x<tile_k>"
+    )
 
 
 def test_bad_libtype_in_a_table_names_file_line_and_column(tmp_path, monkeypatch, run) -> None:

@@ -406,3 +406,50 @@ def test_schema_mistakes_are_value_errors(tmp_path):
         load_table(path, columns=floats, key=KEY)
     with pytest.raises(ValueError, match="unknown kind 'integer'"):
         Column("M", "integer")
+
+
+def test_an_unreadable_table_is_a_table_error(tmp_path, monkeypatch):
+    from aiter.tuning import csvio
+
+    path = tmp_path / "t.csv"
+    path.write_text("gfx,cu_num,M\n")
+
+    def refuse(*args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(csvio, "open", refuse, raising=False)
+    with pytest.raises(TableError, match="is not readable: check its permissions"):
+        csvio.read_table_file(path, "a test")
+
+
+@pytest.mark.parametrize(
+    "cell, message",
+    [
+        ("0", "column 'N': expected an integer from 1 to 4096, found '0'"),
+        ("8192", "column 'N': expected an integer from 1 to 4096, found '8192'"),
+    ],
+)
+def test_bounds_declared_by_a_column_are_checked_at_load(tmp_path, cell, message):
+    path = tmp_path / "t.csv"
+    path.write_text(f"gfx,M,N,kernel\ngfx942,1,64,k_1\ngfx942,2,{cell},k_2\n")
+    columns = [
+        Column("gfx", "str"),
+        Column("M", "int", minimum=1),
+        Column("N", "int", minimum=1, maximum=4096),
+        Column("kernel", "optional_str", pattern=r"k_[0-9]+", pattern_help="k_<n>"),
+    ]
+    with pytest.raises(TableError) as info:
+        load_table(path, columns=columns, key=["gfx", "N", "M"])
+    assert str(info.value) == f"{path}:3: {message}"
+    assert (info.value.line, info.value.column) == (3, "N")
+
+
+def test_a_pattern_is_matched_whole_and_an_empty_optional_cell_passes(tmp_path):
+    columns = [Column("M", "int"), Column("kernel", "optional_str", pattern=r"k_[0-9]+")]
+    good = tmp_path / "good.csv"
+    good.write_text("M,kernel\n1,k_1\n2,\n")
+    assert len(load_table(good, columns=columns, key=["M"])) == 2
+    bad = tmp_path / "bad.csv"
+    bad.write_text("M,kernel\n1,k_1x\n")
+    with pytest.raises(TableError, match=r"bad.csv:2: column 'kernel': expected text matching"):
+        load_table(bad, columns=columns, key=["M"])

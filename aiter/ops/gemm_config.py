@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from aiter.ops import gemm_tables
 from aiter.ops.flydsl.gemm_a8w8 import BLOCKSCALE_TILES, BPRESHUFFLE_TILES
 from aiter.ops.flydsl.gemm_a16w16 import SUPPORTED_TILES as A16W16_TILES
 
@@ -52,11 +53,7 @@ class KernelFamily:
 
     def parse_kernel_name(self, name: str, mma: str) -> Any:
         """The tile a kernelName names; ValueError saying what a name looks like otherwise."""
-        number = "([1-9][0-9]*)"  # written as the generator writes it: no sign, no leading 0
-        grammar = re.compile(
-            rf"^{re.escape(self.prefix)}_(?P<mma>[a-z]+)_{number}x{number}x{number}$", re.ASCII
-        )
-        match = grammar.match(name.strip())
+        match = re.fullmatch(gemm_tables.kernel_name_pattern(self.prefix), name.strip(), re.ASCII)
         if not match:
             raise ValueError(
                 f"{name!r} is not a {self.prefix} kernel name: expected "
@@ -70,7 +67,7 @@ class KernelFamily:
         if mma not in self.tiles:
             raise ValueError(f"{name!r}: {self.prefix} has no {mma} kernels")
         tile_type = type(self.tiles[mma][0])
-        tile = tile_type(int(match[2]), int(match[3]), int(match[4]))
+        tile = tile_type(int(match["m"]), int(match["n"]), int(match["k"]))
         if tile not in self.tiles[mma]:
             supported = ", ".join(f"{t.tile_m}x{t.tile_n}x{t.tile_k}" for t in self.tiles[mma])
             raise ValueError(
@@ -129,6 +126,6 @@ class KernelFamily:
         return KernelChoice(self, mma, tile, split_k)
 
 
-A16W16 = KernelFamily("flydsl_a16w16", A16W16_TILES)
-BPRESHUFFLE = KernelFamily("flydsl_a8w8_bpreshuffle", BPRESHUFFLE_TILES)
-BLOCKSCALE = KernelFamily("flydsl_a8w8_blockscale", BLOCKSCALE_TILES)
+A16W16 = KernelFamily(gemm_tables.A16W16_KERNELS, A16W16_TILES)
+BPRESHUFFLE = KernelFamily(gemm_tables.BPRESHUFFLE_KERNELS, BPRESHUFFLE_TILES)
+BLOCKSCALE = KernelFamily(gemm_tables.BLOCKSCALE_KERNELS, BLOCKSCALE_TILES)

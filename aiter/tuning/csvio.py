@@ -42,6 +42,16 @@ def read_table_file(path: str | os.PathLike, origin: str) -> RawTable:
         ) from None
     except UnicodeDecodeError as exc:
         raise TableError(f"{name}: not UTF-8 text ({exc.reason})", path=name) from None
+    except PermissionError:
+        raise TableError(
+            f"tuned table {name} is not readable: check its permissions (asked for by {origin})",
+            path=name,
+        ) from None
+    except OSError as exc:
+        raise TableError(
+            f"tuned table {name} cannot be read: {exc.strerror or exc} (asked for by {origin})",
+            path=name,
+        ) from None
 
 
 def _read(name: str, handle: Iterable[str]) -> RawTable:

@@ -6,6 +6,7 @@ Numeric kinds compare on value, so "256", "256.0" and 256 are the same shape.
 from __future__ import annotations
 
 import operator
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -29,6 +30,35 @@ class Column:
     name: str
     kind: str
     choices: tuple[str, ...] = ()  # when set, the only texts a cell may hold
+    minimum: int | None = None  # for numeric kinds: the smallest value allowed
+    maximum: int | None = None  # and the largest (a kernel's documented limit)
+    pattern: str | None = None  # for text kinds: a regular expression a cell must match
+    pattern_help: str = ""  # what the pattern asks for, in words
+
+    @property
+    def constrained(self) -> bool:
+        return (
+            bool(self.choices)
+            or self.pattern is not None
+            or (self.minimum is not None or self.maximum is not None)
+        )
+
+    def violation(self, text: str) -> str | None:
+        """Why a cell (already of this column's kind) breaks the column's constraints, or None.
+        An empty cell of an optional kind is always allowed."""
+        if text == "" and self.kind.startswith("optional"):
+            return None
+        if self.choices and text not in self.choices:
+            return self.expected()
+        if self.pattern is not None and not re.fullmatch(self.pattern, text):
+            return self.expected()
+        if self.minimum is not None or self.maximum is not None:
+            value = PARSERS[self.kind](text)
+            if (self.minimum is not None and value < self.minimum) or (
+                self.maximum is not None and value > self.maximum
+            ):
+                return self.expected()
+        return None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -40,7 +70,16 @@ class Column:
         """What a cell of this column must hold, worded for error messages."""
         if self.choices:
             return "one of " + ", ".join(self.choices)
-        return EXPECTED[self.kind]
+        if self.pattern is not None:
+            return self.pattern_help or f"text matching {self.pattern}"
+        kind = EXPECTED[self.kind]
+        if self.minimum is not None and self.maximum is not None:
+            return f"{kind} from {self.minimum} to {self.maximum}"
+        if self.minimum is not None:
+            return f"{kind} >= {self.minimum}"
+        if self.maximum is not None:
+            return f"{kind} <= {self.maximum}"
+        return kind
 
 
 def parse_int(text: str) -> int:

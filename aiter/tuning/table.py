@@ -114,7 +114,7 @@ def load_table(
     wins, an empty `us` loses, and on a tie the later file's row wins.
     """
     kinds = _check_schema(columns, key, m_column)
-    choices = {c.name: c for c in columns if c.choices}
+    constrained = {c.name: c for c in columns if c.constrained}
     shape_columns = tuple(dict.fromkeys([*key, m_column]))
 
     raws = [read_table_file(default_path, "the default table")]
@@ -127,7 +127,7 @@ def load_table(
     winners: dict[tuple[Hashable, ...], tuple[float, Row]] = {}
     for raw in raws:
         _check_columns(raw, kinds)
-        for row in _rows(raw, all_columns, kinds, choices):
+        for row in _rows(raw, all_columns, kinds, constrained):
             shape = tuple(PARSERS[kinds[name]](row.cells[name]) for name in shape_columns)
             us = _us(row)
             best = winners.get(shape)
@@ -182,7 +182,7 @@ def _rows(
     raw: RawTable,
     all_columns: Sequence[str],
     kinds: Mapping[str, str],
-    choices: Mapping[str, Column],
+    constrained: Mapping[str, Column],
 ) -> list[Row]:
     rows = []
     for line, values in raw.records:
@@ -193,12 +193,11 @@ def _rows(
                 PARSERS[kind](cells[name])
             except ValueError:
                 raise bad_cell(raw.path, line, name, cells[name], kind) from None
-        for name, column in choices.items():
-            if cells[name] not in column.choices and not (
-                kinds[name].startswith("optional") and cells[name] == ""
-            ):
+        for name, column in constrained.items():
+            expected = column.violation(cells[name])
+            if expected is not None:
                 raise TableError(
-                    f"{raw.path}:{line}: column {name!r}: expected {column.expected()}, "
+                    f"{raw.path}:{line}: column {name!r}: expected {expected}, "
                     f"found {cells[name]!r}",
                     path=raw.path,
                     line=line,
