@@ -11,6 +11,7 @@ import fcntl
 import hashlib
 import json
 import os
+import sys
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,16 @@ def _locked(cache_dir: str | Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def _readable_or_new(cache_dir: str | Path) -> dict[str, Any]:
+    """The manifest to update; an unreadable one is started anew (its entries are listed again
+    by the next build of each arch and module), never a reason to fail a build."""
+    try:
+        return read_manifest(cache_dir)
+    except ValueError as err:
+        print(f"warning: {err}; writing a new manifest", file=sys.stderr)
+        return {"format": FORMAT, "archs": {}, "builds": {}}
+
+
 def file_digest(path: str | Path) -> tuple[int, str]:
     """Size and sha256 of a file."""
     data = Path(path).read_bytes()
@@ -77,7 +88,7 @@ def update_manifest(
     that covered this (arch, module) is dropped: its list of entries is no longer the one here.
     """
     with _locked(cache_dir):
-        data = read_manifest(cache_dir)
+        data = _readable_or_new(cache_dir)
         data["versions"] = dict(versions)
         data["archs"].setdefault(arch, {})[module] = dict(kernels)
         builds = data["builds"]
@@ -96,7 +107,7 @@ def record_build(
 ) -> Path:
     """Say that a build of `modules` for `targets` with this fingerprint completed."""
     with _locked(cache_dir):
-        data = read_manifest(cache_dir)
+        data = _readable_or_new(cache_dir)
         data["builds"][build_key(modules, targets)] = {
             "fingerprint": fingerprint,
             "modules": sorted(modules),
