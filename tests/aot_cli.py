@@ -54,3 +54,21 @@ def run_aot_together(
             for module, args, env in runs
         ]
         return [future.result() for future in futures]
+
+
+def aot_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment `run_aot` gives the command: os.environ, `env`, the repository on
+    PYTHONPATH."""
+    full_env = {**os.environ, **(env or {})}
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(REPO), full_env.get("PYTHONPATH", "")) if p
+    )
+    return full_env
+
+
+def start_aot(module: str, *args: str, env: dict[str, str] | None = None, **popen):
+    """`python -m module args...` started as `run_aot` runs it, without waiting; `popen` goes to
+    subprocess.Popen (start_new_session, preexec_fn, stdout, ...). Returns the Popen."""
+    return subprocess.Popen(
+        [sys.executable, "-m", module, *args], cwd=REPO, env=aot_env(env), **popen
+    )

@@ -63,7 +63,7 @@ def _a8w8_choice(prefix: str) -> tuple[Column, ...]:
         Column("libtype", "str", choices=LIBTYPES),
         Column("kernelId", "int", minimum=0),
         _SPLIT_K,
-        Column("us", "optional_float"),
+        Column("us", "optional_float", minimum=0),
         _kernel_name(prefix),
     )
 
@@ -80,7 +80,7 @@ A16W16 = TableSpec(
         Column("outdtype", "str", choices=_cells(A16W16_OUT_DTYPES)),
         Column("libtype", "str", choices=LIBTYPES),
         _SPLIT_K,
-        Column("us", "optional_float"),
+        Column("us", "optional_float", minimum=0),
         _kernel_name(A16W16_KERNELS),
     ),
     key=("gfx", "cu_num", "M", "N", "K", "bias", "dtype", "outdtype"),

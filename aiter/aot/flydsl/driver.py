@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import selectors
 import subprocess
@@ -281,8 +282,12 @@ def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Bui
     mode = MODE_LIST if args.list else MODE_CHECK if args.check else MODE_BUILD
     if args.workers < 1:
         raise UsageError(f"--workers must be >= 1, got {args.workers}")
-    if args.timeout <= 0:
-        raise UsageError(f"--timeout must be > 0 seconds, got {args.timeout:g}")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UsageError(f"--timeout must be a number of seconds > 0, got {args.timeout:g}")
+    if args.report:
+        report = Path(args.report)
+        if report.is_dir() or not report.parent.is_dir():
+            raise UsageError(f"--report {args.report}: expected a file in an existing directory")
     if args.sample < 0 or (args.sample and mode != MODE_CHECK):
         raise UsageError("--sample N needs --check and N >= 0")
     maxima = {name: getattr(args, f"max_{name}") for name in axes}
@@ -399,20 +404,19 @@ def _estimates(cache_dir: str) -> dict[str, float]:
 class _ArchRun:
     target: ArchTarget
     proc: subprocess.Popen
-    result: Path
     progress: Any  # the read end of its progress pipe
     held: int = 0
     buffer: str = ""
+    report: ArchReport | None = None  # sent as the last line of its progress pipe
 
 
-def _start(build: Build, target: ArchTarget, tmp: Path, budget: Any, estimates: Path) -> _ArchRun:
+def _start(build: Build, target: ArchTarget, budget: Any, estimates: Path) -> _ArchRun:
     read_fd, write_fd = os.pipe()
-    result = tmp / f"{target.arch}-{target.cu_num}.json"
     cmd = [sys.executable, "-m", "aiter.aot.flydsl.replay", "--arch-process"]
     for path in build.modules.values():
         cmd += ["--module", path]
     cmd += ["--arch", target.arch, "--mode", build.mode, "--workers", str(build.workers)]
-    cmd += ["--result", str(result), "--progress-fd", str(write_fd), "--estimates", str(estimates)]
+    cmd += ["--progress-fd", str(write_fd), "--estimates", str(estimates)]
     cmd += ["--sample", str(build.sample), "--seed", str(build.seed)]
     cmd += ["--timeout", str(build.timeout)]
     for name, value in build.maxima.items():
@@ -425,7 +429,8 @@ def _start(build: Build, target: ArchTarget, tmp: Path, budget: Any, estimates: 
     env.update(HIP_VISIBLE_DEVICES="", ROCR_VISIBLE_DEVICES="", CUDA_VISIBLE_DEVICES="")
     proc = subprocess.Popen(cmd, env=env, pass_fds=(*budget.fds, write_fd))
     os.close(write_fd)
-    return _ArchRun(target, proc, result, os.fdopen(read_fd, "r"))
+    os.set_blocking(read_fd, False)
+    return _ArchRun(target, proc, os.fdopen(read_fd, "r"))
 
 
 def available_mb() -> int | None:
@@ -468,26 +473,21 @@ def _run_archs(build: Build) -> list[ArchReport]:
     with tempfile.TemporaryDirectory(prefix="aiter-aot-") as tmp:
         estimates = Path(tmp) / "estimates.json"
         estimates.write_text(json.dumps(_estimates(build.cache_dir)))
-        runs = [_start(build, t, Path(tmp), budget, estimates) for t in build.targets]
+        runs = [_start(build, t, budget, estimates) for t in build.targets]
         selector = selectors.DefaultSelector()
         for run in runs:
             selector.register(run.progress, selectors.EVENT_READ, run)
         live = list(runs)
         while live:
             for key, _ in selector.select(timeout=0.5):
-                run = key.data
-                chunk = os.read(run.progress.fileno(), 65536).decode()
-                if not chunk:
-                    selector.unregister(run.progress)
-                    continue
-                run.buffer += chunk
-                *lines, run.buffer = run.buffer.split("\n")
-                for line in lines:
-                    counts = json.loads(line)
-                    run.held = counts.pop("held", 0)
-                    board.update(str(run.target), **counts)
+                if not _read(key.data, board):
+                    selector.unregister(key.data.progress)
             for run in [r for r in live if r.proc.poll() is not None]:
                 live.remove(run)
+                if run.progress.fileno() in selector.get_map():
+                    selector.unregister(run.progress)
+                while _read(run, board):  # what it sent before it ended, the report last
+                    pass
                 reports[str(run.target)] = _collect(run, budget)
         board.close()
         selector.close()
@@ -495,10 +495,31 @@ def _run_archs(build: Build) -> list[ArchReport]:
     return [reports[label] for label in labels]
 
 
+def _read(run: _ArchRun, board: Any) -> bool:
+    """Take in what an arch process sent on its pipe; False at the end of it."""
+    try:
+        data = os.read(run.progress.fileno(), 1 << 20)
+    except BlockingIOError:  # ended, but an orphaned worker still holds the pipe open
+        return False
+    if not data:
+        return False
+    chunk = data.decode()
+    run.buffer += chunk
+    *lines, run.buffer = run.buffer.split("\n")
+    for line in lines:
+        message = json.loads(line)
+        if "report" in message:
+            run.report = from_json(ArchReport, message["report"])
+            continue
+        run.held = message.pop("held", 0)
+        board.update(str(run.target), **message)
+    return True
+
+
 def _collect(run: _ArchRun, budget: Any) -> ArchReport:
     code = run.proc.returncode
-    if code == 0 and run.result.is_file():
-        return from_json(ArchReport, json.loads(run.result.read_text()))
+    if code == 0 and run.report is not None:
+        return run.report
     budget.add(run.held)  # what it held dies with it; give it back to the others
     why = f"arch process exited with {code}" + (" (usage error)" if code == EXIT_USAGE else "")
     return ArchReport(arch=run.target.arch, mode="", crashed=why)

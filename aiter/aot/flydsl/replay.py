@@ -74,6 +74,13 @@ class Progress:
             "phase": "naming",
         }
 
+    def send_report(self, report: ArchReport) -> None:
+        """The arch's report, as the last line on the pipe (a pipe still works where a full
+        disk or a file-size limit stops files)."""
+        if self._out is not None:
+            self._out.write(json.dumps({"report": to_json(report)}) + "\n")
+            self._out.flush()
+
     def update(self, force: bool = False, **counts: Any) -> None:
         self.counts.update(counts)
         now = time.monotonic()
@@ -229,6 +236,22 @@ def compile_task(job: Job, task: CompileTask, entries: EntryAudit) -> dict[str, 
         "replaced": replaced,
         "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     }
+
+
+def write_trouble(path: str) -> str:
+    """A note for a failed compile when writing files cannot work here: a file-size limit, or
+    a nearly full disk under the cache (linking and the cache entry both write files)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_FSIZE)
+    if soft != resource.RLIM_INFINITY:
+        return f" (writing files may fail here: a file-size limit of {soft} bytes is set)"
+    try:
+        usage = os.statvfs(Path(path).parent if Path(path).parent.exists() else "/")
+    except OSError:
+        return ""
+    free_mb = usage.f_bavail * usage.f_frsize // 2**20
+    if free_mb < 64:
+        return f" (writing files may fail here: {free_mb} MB free under the cache)"
+    return ""
 
 
 def plan_compiles(
@@ -413,7 +436,8 @@ class _Scheduler:
             compiled = CompileResult(task, False, error=outcome.error or "")
             failed = self.results[task.job]
             where = ", ".join(f"{k}={v}" for k, v in task.values.items())
-            failed.tag, failed.message = FAIL, f"compile at {where}: {outcome.error}"
+            hint = write_trouble(task.files[0]) if task.files else ""
+            failed.tag, failed.message = FAIL, f"compile at {where}: {outcome.error}{hint}"
         self.compiles.append(compiled)
 
 
@@ -491,7 +515,7 @@ def arch_process_main(argv: Sequence[str]) -> int:
     parser.add_argument("--cu-num", type=int, action="append")
     parser.add_argument("--mode", choices=MODES, required=True)
     parser.add_argument("--workers", type=int, required=True)
-    parser.add_argument("--result", required=True)
+    parser.add_argument("--result", help="write the report here (default: on the progress pipe)")
     parser.add_argument("--max", action="append", default=[])
     parser.add_argument("--sample", type=int, default=0)
     parser.add_argument("--timeout", type=float)
@@ -520,6 +544,7 @@ def arch_process_main(argv: Sequence[str]) -> int:
     families = [registry.load(path) for path in args.module]
     budget = WorkerBudget.from_env()
     estimates = json.loads(Path(args.estimates).read_text()) if args.estimates else {}
+    progress = Progress(args.progress_fd, budget)
     report = replay_arch(
         families,
         args.arch,
@@ -532,13 +557,16 @@ def arch_process_main(argv: Sequence[str]) -> int:
         seed=args.seed,
         estimates=estimates,
         budget=budget,
-        progress=Progress(args.progress_fd, budget),
+        progress=progress,
     )
     if budget is not None:
         budget.release_all()
-    tmp = Path(args.result).with_suffix(".tmp")
-    tmp.write_text(json.dumps(to_json(report)))
-    os.replace(tmp, args.result)
+    if args.result:
+        tmp = Path(args.result).with_suffix(".tmp")
+        tmp.write_text(json.dumps(to_json(report)))
+        os.replace(tmp, args.result)
+    else:
+        progress.send_report(report)
     return EXIT_OK
 
 

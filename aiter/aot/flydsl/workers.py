@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 POLL_SECONDS = 0.005
+CANNOT_REPORT = 3  # a worker's exit status when it could not write its result
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,11 @@ def _describe_status(status: int) -> str:
         except ValueError:
             name = f"signal {sig}"
         return f"worker killed by {name}"
+    if os.WEXITSTATUS(status) == CANNOT_REPORT:
+        return (
+            "the worker could not write its result "
+            "(the disk is full or a file-size limit was reached)"
+        )
     return f"worker exited with status {os.WEXITSTATUS(status)}"
 
 
@@ -55,6 +61,8 @@ def _child(task: Any, run: Callable[[Any], Any], out_path: Path) -> None:
         tmp = out_path.with_suffix(".tmp")
         tmp.write_text(text)
         os.replace(tmp, out_path)
+    except OSError:
+        code = CANNOT_REPORT
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
