@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 POLL_SECONDS = 0.005
-CANNOT_REPORT = 3  # a worker's exit status when it could not write its result
+CANNOT_REPORT = 113  # a worker's exit status when it could not write its result (rare by design)
 
 
 @dataclass(frozen=True)
