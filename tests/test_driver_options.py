@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from aiter.aot.flydsl import registry
-from aiter.aot.flydsl.driver import UsageError, assign_csv
+from aiter.aot.flydsl.options import UsageError, assign_csv
 from aiter.ops.gemm_tables import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16
 
 SPECS = [A16W16, A8W8_BPRESHUFFLE, A8W8_BLOCKSCALE]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from aiter.aot.flydsl.jobs import Family, grid_jobs
-from aiter.aot.flydsl.replay import _replayed_ranges
+from aiter.aot.flydsl.naming import replayed_ranges as _replayed_ranges
 from aiter.tuning import BucketAxis, Column, TableSpec
 
 HEADER = "gfx,cu_num,tokens,experts\n"

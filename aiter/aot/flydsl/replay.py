@@ -12,42 +12,31 @@ import errno
 import heapq
 import json
 import os
-import random
 import resource
 import signal
 import sys
 import time
-import zlib
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from aiter.aot.flydsl import registry
-from aiter.aot.flydsl.entries import MISSING, EntryAudit
+from aiter.aot.flydsl.audit import audit
+from aiter.aot.flydsl.entries import EntryAudit
 from aiter.aot.flydsl.jobs import Family, Job
+from aiter.aot.flydsl.naming import name_job
 from aiter.aot.flydsl.protocol import (
-    CORRUPT,
     EXIT_OK,
     EXIT_USAGE,
     FAIL,
     MODE_BUILD,
-    MODE_LIST,
     MODES,
     OK,
     REFUSED,
-    SKIP,
-    UNREACHED,
     ArchReport,
     CompileResult,
     CompileTask,
-    Finding,
-    JobInfo,
     JobResult,
-    KernelRef,
-    Missing,
-    Sample,
-    Segment,
     from_json,
     to_json,
 )
@@ -89,115 +78,6 @@ class Progress:
         self._last = now
         held = self._budget.held if self._budget is not None else 0
         self._out.write(json.dumps({**self.counts, "held": held}) + "\n")
-
-
-# --- naming ---
-
-
-def _kernel_ref(request: Any) -> KernelRef:
-    return KernelRef(
-        function=request.function,
-        cache_dir=request.cache_dir,
-        key=request.key,
-        file=request.file_name,
-        params=request.describe_params(),
-    )
-
-
-@contextmanager
-def naming_session(job: Job) -> Iterator[Callable[[Mapping[str, int]], Any]]:
-    """A probe that names the kernels and serving backends of the public entry at given axis
-    values, compiling nothing; one dry run serves every probe of the job."""
-    from aiter import dispatch
-    from aiter.aot.flydsl import hooks
-    from aiter.aot.flydsl.dry_run import dry_run
-
-    info = job.info
-    with dispatch.observe() as records, dry_run(info.arch, info.cu_num, hooks.MODE_NAME) as reqs:
-
-        def probe(values: Mapping[str, int]) -> tuple[tuple[KernelRef, ...], tuple[str, ...]]:
-            first_request, first_record = len(reqs), len(records)
-            job.call(**values)
-            kernels = {k.path: k for k in map(_kernel_ref, reqs[first_request:])}
-            ordered = tuple(sorted(kernels.values(), key=lambda k: (k.function, k.file)))
-            return ordered, tuple(sorted({r.backend for r in records[first_record:]}))
-
-        yield probe
-
-
-def _replayed_ranges(info: JobInfo, limit: int | None) -> tuple[list[tuple[int, int]], str]:
-    """Ranges of the axis to replay under a module's limit, and what the limit refused."""
-    if limit is None or info.hi <= limit:
-        return [(info.lo, info.hi)], ""
-    ranges = [(info.lo, limit)] if info.lo <= limit else []
-    tabled = info.tabled
-    if tabled is not None and tabled > limit and info.lo <= tabled <= info.hi:
-        ranges.append((tabled, tabled))
-    lo = max(info.lo, limit + 1)
-    refused = f"in-between {info.axis} {lo}-{info.hi} above the module's limit {limit} not replayed"
-    if tabled is not None and tabled > limit:
-        refused += f" (the tabled {info.axis} {tabled} is)"
-    return ranges, refused
-
-
-def _sample_points(info: JobInfo, segments: list[Segment], count: int, seed: int) -> list:
-    """`count` random points inside every segment of width > 1, or inside the job's grid cell."""
-    rng = random.Random(seed ^ zlib.crc32(info.describe().encode()))
-    points: list[tuple[dict[str, int], int]] = []
-    if info.cell:
-        for _ in range(count):
-            values = {axis: rng.randint(lo, hi) for axis, (lo, hi) in info.cell.items()}
-            points.append((values, -1))
-        return points
-    for index, seg in enumerate(segments):
-        if seg.hi > seg.lo:
-            points += [(info.values(rng.randint(seg.lo, seg.hi)), index) for _ in range(count)]
-    return points
-
-
-def name_job(job: Job, limit: int | None, sample: int = 0, seed: int = 0) -> JobResult:
-    """Every segment of the job's range with the kernels it asks for, and a tag."""
-    from aiter.aot.flydsl.bisection import segments
-
-    info = job.info
-    result = JobResult(info)
-    ranges, refused = _replayed_ranges(info, limit)
-    cpu = time.process_time()
-    backends: set[str] = set()
-
-    try:
-        with naming_session(job) as probe:
-
-            def at(value: int):
-                result.probes += 1
-                return probe(info.values(value))
-
-            for lo, hi in ranges:
-                for seg in segments(at, lo, hi):
-                    kernels, seg_backends = seg.value
-                    backends.update(seg_backends)
-                    result.segments.append(
-                        Segment(seg.lo, seg.hi, list(kernels), list(seg_backends))
-                    )
-            for values, index in _sample_points(info, result.segments, sample, seed):
-                result.probes += 1
-                kernels, _ = probe(values)
-                result.samples.append(Sample(values, index, list(kernels)))
-    except NotImplementedError as err:
-        result.tag, result.message, result.segments = SKIP, f"runtime declines: {err}", []
-    except Exception as err:  # every other failure fails this job only
-        result.tag, result.message = FAIL, f"{type(err).__name__}: {err}"
-    else:
-        if not any(seg.kernels for seg in result.segments):
-            if backends and "flydsl" not in backends:
-                result.tag, result.message = UNREACHED, f"served by {', '.join(sorted(backends))}"
-            else:
-                result.tag = FAIL
-                result.message = "the call launched no FlyDSL kernel and reported none"
-        elif refused:
-            result.tag, result.message = REFUSED, refused
-    result.naming_cpu = time.process_time() - cpu
-    return result
 
 
 # --- compiling ---
@@ -283,59 +163,6 @@ def plan_compiles(
             )
         )
     return tasks
-
-
-# --- the audit after naming ---
-
-
-def audit(results: list[JobResult], mode: str, entries: EntryAudit) -> None:
-    """Find kernels the cache lacks or holds corrupt, and sampled kernels no probe named; fail
-    those jobs."""
-    group_kernels: dict[str, set[Path]] = {}
-    for r in results:
-        if r.job.group:
-            group_kernels.setdefault(r.job.group, set()).update(k.path for k in r.kernels())
-    for r in results:
-        if r.tag not in (OK, REFUSED):
-            continue
-        if mode != MODE_LIST:
-            r.missing = [
-                Missing(k, seg.lo, seg.hi, *_problem(entries.problem(k.path)))
-                for seg in r.segments
-                for k in seg.kernels
-                if not entries.is_whole(k.path)
-            ]
-        for s in r.samples:
-            probed = (
-                {k.path for k in r.segments[s.segment].kernels}
-                if s.segment >= 0
-                else group_kernels.get(r.job.group, set())
-            )
-            for k in s.kernels:
-                if k.path not in probed:
-                    r.findings.append(Finding("unprobed", s.values, k))
-                elif not entries.is_whole(k.path):
-                    r.findings.append(Finding("missing", s.values, k))
-        problems = []
-        corrupt = sum(m.problem == CORRUPT for m in r.missing)
-        if len(r.missing) > corrupt:
-            problems.append(f"{len(r.missing) - corrupt} kernel(s) missing from the cache")
-        if corrupt:
-            problems.append(f"{corrupt} corrupt cache entr{'y' if corrupt == 1 else 'ies'}")
-        unprobed = sum(f.problem == "unprobed" for f in r.findings)
-        if unprobed:
-            problems.append(f"{unprobed} sampled kernel(s) that bisection did not name")
-        if r.findings and not unprobed:
-            problems.append(f"{len(r.findings)} sampled kernel(s) missing from the cache")
-        if problems and mode != MODE_LIST:
-            r.tag, r.message = FAIL, "; ".join(problems)
-
-
-def _problem(problem: str | None) -> tuple[str, str]:
-    """(problem, why) of a Missing record."""
-    if problem == MISSING:
-        return MISSING, ""
-    return CORRUPT, problem or ""
 
 
 # --- the scheduler ---

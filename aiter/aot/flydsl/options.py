@@ -1,0 +1,308 @@
+"""The AOT command line's options and what they decide before anything runs: the modules, the
+mode, the tables and --csv, the archs, the cache directory and the deployment's maxima.
+
+Bad options are UsageErrors (exit 2). Reading them imports neither torch nor FlyDSL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from aiter.aot.flydsl import hooks, registry
+from aiter.aot.flydsl.jobs import Family
+from aiter.aot.flydsl.protocol import MODE_BUILD, MODE_CHECK, MODE_LIST
+from aiter.arch import ARCHS, ArchTarget, parse_gpu_archs
+from aiter.tuning import TableError, TableSpec
+
+# Far above the slowest real compile measured here (a few seconds); a worker this slow hangs.
+DEFAULT_TIMEOUT = 600.0
+
+
+class UsageError(Exception):
+    """Bad command line or environment: exit status 2."""
+
+
+@dataclass
+class Build:
+    """Everything the command line decided: what to replay, where, how."""
+
+    modules: dict[str, str]  # short name -> import path
+    families: dict[str, Family]  # short name -> family
+    mode: str
+    cache_dir: str
+    targets: list[ArchTarget]
+    maxima: dict[str, int]
+    workers: int
+    sample: int
+    seed: int
+    verbose: bool
+    timeout: float = DEFAULT_TIMEOUT
+    no_memo: bool = False
+    report_path: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+    def specs(self) -> list[TableSpec]:
+        return [spec for family in self.families.values() for spec in family.tables]
+
+
+# --- tables and --csv ---
+
+
+def _spec_names(spec: TableSpec) -> set[str]:
+    return {spec.name, spec.short_name, Path(spec.name).stem}
+
+
+def _read_header(path: str) -> set[str]:
+    from aiter.tuning.csvio import read_table_file
+
+    try:
+        return set(read_table_file(path, "--csv").header)
+    except TableError as err:
+        raise UsageError(f"--csv {path}: {err}") from None
+
+
+def _check_csv_path(path: str) -> None:
+    p = Path(path)
+    if p.is_dir():
+        raise UsageError(f"--csv {path}: is a directory, expected a CSV file")
+    if not p.is_file():
+        raise UsageError(f"--csv {path}: no such file")
+    if not os.access(p, os.R_OK):
+        raise UsageError(f"--csv {path}: not readable (check its permissions)")
+
+
+def _choices(specs: Sequence[TableSpec]) -> str:
+    return ", ".join(f"{s.short_name} ({s.name})" for s in specs)
+
+
+def assign_csv(specs: Sequence[TableSpec], items: Sequence[str]) -> dict[TableSpec, list[str]]:
+    """Which table each --csv extends: `TABLE=PATH` names it (file name or short name); a bare
+    PATH is accepted when exactly one table has exactly its columns."""
+    assigned: dict[TableSpec, list[str]] = {}
+    for item in items:
+        name, sep, path = item.partition("=")
+        named = [s for s in specs if name in _spec_names(s)] if sep else []
+        if sep and not named and not Path(item).exists():
+            raise UsageError(f"--csv {item}: no table named {name!r}; tables: {_choices(specs)}")
+        if not named:
+            path = item
+        elif not path:
+            raise UsageError(f"--csv {item}: no path after '='; expected --csv {name}=PATH")
+        _check_csv_path(path)
+        header = _read_header(path)
+        if named:
+            spec = named[0]
+            lacking = [c for c in spec.header if c not in header]
+            if lacking:
+                raise UsageError(
+                    f"--csv {item}: lacks {spec.short_name}'s columns {', '.join(lacking)}"
+                )
+        else:
+            fits = [s for s in specs if set(s.header) == header]
+            if len(fits) != 1:
+                why = "fit none of" if not fits else "fit more than one of"
+                raise UsageError(
+                    f"--csv {path}: its columns {why} the tables; say which with "
+                    f"--csv TABLE={path}, TABLE one of: {_choices(specs)}"
+                )
+            spec = fits[0]
+        assigned.setdefault(spec, []).append(str(Path(path).resolve()))
+    return assigned
+
+
+def _table_archs(specs: Sequence[TableSpec]) -> dict[str, set[int]]:
+    archs: dict[str, set[int]] = {}
+    for spec in specs:
+        try:
+            rows = spec.load().rows
+        except TableError as err:
+            raise UsageError(str(err)) from None
+        for row in rows:
+            archs.setdefault(row["gfx"], set()).add(row.int("cu_num"))
+    return archs
+
+
+def _targets(specs: Sequence[TableSpec], modules: str) -> list[ArchTarget]:
+    text = os.environ.get("GPU_ARCHS", "")
+    table_archs = _table_archs(specs)
+    if not text.strip():
+        return [ArchTarget(a) for a in ARCHS if a in table_archs]
+
+    def native() -> ArchTarget:
+        from aiter import device
+
+        return device.native_target()
+
+    try:
+        wanted = parse_gpu_archs(text, native=native)
+    except Exception as err:
+        raise UsageError(f"GPU_ARCHS: {err}") from None
+    targets = []
+    for target in wanted:
+        if target.arch not in table_archs:
+            print(f"GPU_ARCHS names {target.arch}, but no {modules} table has rows for it",
+                  file=sys.stderr)  # fmt: skip
+            continue
+        targets.append(target)
+    return targets
+
+
+def _cache_dir(text: str | None, mode: str) -> str:
+    cache_dir = os.path.abspath(text or hooks.cache_dir_from_env())
+    path = Path(cache_dir)
+    if path.exists() and not path.is_dir():
+        raise UsageError(f"--cache-dir {cache_dir}: is a file, expected a directory")
+    if mode == MODE_BUILD:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise UsageError(
+                f"--cache-dir {cache_dir}: cannot be created ({err.strerror})"
+            ) from None
+        if not os.access(path, os.W_OK):
+            raise UsageError(f"--cache-dir {cache_dir}: not writable")
+    return cache_dir
+
+
+# --- the command line ---
+
+
+def _parser(prog: str, axes: dict[str, Any], combined: bool) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description="Fill, list or check FlyDSL's kernel cache for aiter's operators by "
+        "replaying their tuned tables (archs from GPU_ARCHS, default: all the tables hold).",
+    )
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--list", action="store_true", help="name the kernels, compile nothing")
+    group.add_argument(
+        "--check", action="store_true", help="compile nothing; report every missing kernel"
+    )
+    parser.add_argument(
+        "--sample",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --check: also name the kernels at N random points inside every segment",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="seed of --sample's points")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        metavar="SECONDS",
+        help="a worker still compiling (or naming) one task after this long is killed and its "
+        f"job fails (default {DEFAULT_TIMEOUT:g})",
+    )
+    if combined:
+        parser.add_argument(
+            "--module",
+            help=f"replay only these modules, comma-separated ({', '.join(axes['modules'])})",
+        )
+    parser.add_argument(
+        "--csv",
+        action="append",
+        default=[],
+        metavar="TABLE=PATH",
+        help="an extra tuned table for TABLE (its file or short name), merged like the table's "
+        "environment variable; a bare PATH when only one table has its columns (repeatable)",
+    )
+    parser.add_argument(
+        "--cache-dir", help="cache to fill (default: FLYDSL_RUNTIME_CACHE_DIR or FlyDSL's default)"
+    )
+    parser.add_argument(
+        "-j", "--workers", type=int, default=os.cpu_count() or 1, help="workers, all archs together"
+    )
+    for name, default in axes["axes"].items():
+        parser.add_argument(
+            "--max-" + name.lower().replace("_", "-"),
+            type=int,
+            dest=f"max_{name}",
+            default=default,
+            metavar="N",
+            help=f"largest {name} the deployment serves; replayed up to it (default {default})",
+        )
+    parser.add_argument("--report", metavar="PATH", help="write the full report as JSON to PATH")
+    parser.add_argument("--verbose", action="store_true", help="print a line for every job")
+    parser.add_argument(
+        "--no-memo", action="store_true", help="replay even when the cache's fingerprint matches"
+    )
+    return parser
+
+
+def _all_axes(modules: dict[str, str]) -> dict[str, int]:
+    axes: dict[str, int] = {}
+    for path in modules.values():
+        for name, default in registry.load(path).axes().items():
+            axes.setdefault(name, default)
+    return axes
+
+
+def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Build:
+    combined = module_paths is None
+    candidates = (
+        registry.registered() if combined else {p.rsplit(".", 1)[-1]: p for p in module_paths}
+    )
+    try:
+        axes = _all_axes(candidates)
+    except (ImportError, ValueError) as err:
+        raise UsageError(str(err)) from None
+    prog = "python -m aiter.aot.flydsl" if combined else f"python -m {module_paths[0]}"
+    args = _parser(prog, {"axes": axes, "modules": list(candidates)}, combined).parse_args(argv)
+    mode = MODE_LIST if args.list else MODE_CHECK if args.check else MODE_BUILD
+    if args.workers < 1:
+        raise UsageError(f"--workers must be >= 1, got {args.workers}")
+    if not (math.isfinite(args.timeout) and args.timeout > 0):
+        raise UsageError(f"--timeout must be a number of seconds > 0, got {args.timeout:g}")
+    if args.report:
+        report = Path(args.report)
+        if report.is_dir() or not report.parent.is_dir():
+            raise UsageError(f"--report {args.report}: expected a file in an existing directory")
+    if args.sample < 0 or (args.sample and mode != MODE_CHECK):
+        raise UsageError("--sample N needs --check and N >= 0")
+    maxima = {name: getattr(args, f"max_{name}") for name in axes}
+    for name, value in maxima.items():
+        if value < 1:
+            raise UsageError(f"--max-{name.lower()} must be >= 1, got {value}")
+    modules = candidates
+    if combined and args.module:
+        try:
+            modules = registry.select([m.strip() for m in args.module.split(",") if m.strip()])
+        except ValueError as err:
+            raise UsageError(str(err)) from None
+    families = {}
+    for path in modules.values():
+        family = registry.load(path)
+        families[family.module] = family
+    modules = {f.module: p for f, p in zip(families.values(), modules.values(), strict=True)}
+    build = Build(
+        modules=modules,
+        families=families,
+        mode=mode,
+        cache_dir="",
+        targets=[],
+        maxima=maxima,
+        workers=args.workers,
+        sample=args.sample,
+        seed=args.seed,
+        verbose=args.verbose,
+        timeout=args.timeout,
+        no_memo=args.no_memo,
+        report_path=args.report,
+    )
+    env = dict(os.environ)
+    for spec, paths in assign_csv(build.specs(), args.csv).items():
+        joined = os.pathsep.join([p for p in [env.get(spec.env_var, "")] if p] + paths)
+        env[spec.env_var] = os.environ[spec.env_var] = joined
+        print(f"--csv: {', '.join(paths)} extend {spec.name}", file=sys.stderr)
+    build.env = env
+    build.cache_dir = _cache_dir(args.cache_dir, mode)
+    build.targets = _targets(build.specs(), "/".join(families))
+    return build
