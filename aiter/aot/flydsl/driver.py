@@ -23,6 +23,7 @@ from aiter.aot.flydsl import hooks, memo
 from aiter.aot.flydsl.options import Build, UsageError, parse
 from aiter.aot.flydsl.protocol import (
     EXIT_FAIL,
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
     FAIL,
@@ -139,21 +140,31 @@ def _run_archs(build: Build) -> list[ArchReport]:
         for run in runs:
             selector.register(run.progress, selectors.EVENT_READ, run)
         live = list(runs)
-        while live:
-            for key, _ in selector.select(timeout=0.5):
-                if not _read(key.data, board):
-                    selector.unregister(key.data.progress)
-            for run in [r for r in live if r.proc.poll() is not None]:
-                live.remove(run)
-                if run.progress.fileno() in selector.get_map():
-                    selector.unregister(run.progress)
-                while _read(run, board):  # what it sent before it ended, the report last
-                    pass
-                reports[str(run.target)] = _collect(run, budget)
+        try:
+            _follow(live, selector, board, reports, budget)
+        finally:
+            for run in live:  # interrupted: no arch process outlives the command
+                run.proc.kill()
+                run.proc.wait()
         board.close()
         selector.close()
     budget.close()
     return [reports[label] for label in labels]
+
+
+def _follow(live: list[_ArchRun], selector: Any, board: Any, reports: dict, budget: Any) -> None:
+    """Show every arch's progress until each has ended, collecting its report."""
+    while live:
+        for key, _ in selector.select(timeout=0.5):
+            if not _read(key.data, board):
+                selector.unregister(key.data.progress)
+        for run in [r for r in live if r.proc.poll() is not None]:
+            live.remove(run)
+            if run.progress.fileno() in selector.get_map():
+                selector.unregister(run.progress)
+            while _read(run, board):  # what it sent before it ended, the report last
+                pass
+            reports[str(run.target)] = _collect(run, budget)
 
 
 def _read(run: _ArchRun, board: Any) -> bool:
@@ -298,7 +309,13 @@ def main(module_paths: Sequence[str] | None = None, argv: Sequence[str] | None =
         f"({build.mode}, {build.workers} workers) into {build.cache_dir}",
         file=sys.stderr,
     )
-    reports = _run_archs(build)
+    try:
+        reports = _run_archs(build)
+    except KeyboardInterrupt:
+        # Entries land whole or not at all, so an interrupted build leaves a usable cache.
+        print("interrupted: the cache holds what was compiled so far; build again to finish",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_INTERRUPTED
     failed = False
     for report in reports:
         print_job_lines(report, build.mode, build.verbose)

@@ -26,6 +26,7 @@ from aiter.aot.flydsl.entries import EntryAudit
 from aiter.aot.flydsl.jobs import Family, Job
 from aiter.aot.flydsl.naming import name_job
 from aiter.aot.flydsl.protocol import (
+    EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
     FAIL,
@@ -399,6 +400,9 @@ def arch_process_main(argv: Sequence[str]) -> int:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--arch-process":
-        sys.exit(arch_process_main(sys.argv[2:]))
+        try:
+            sys.exit(arch_process_main(sys.argv[2:]))
+        except KeyboardInterrupt:  # the driver says so, once, for every arch
+            sys.exit(EXIT_INTERRUPTED)
     print("run an AOT module instead, e.g. python -m aiter.aot.flydsl", file=sys.stderr)
     sys.exit(EXIT_USAGE)
