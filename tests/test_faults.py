@@ -286,6 +286,30 @@ def test_a_killed_build_leaves_only_whole_entries_and_a_rerun_completes(tmp_path
     assert manifest_mismatches(cache) == []
 
 
+def test_an_interrupted_build_says_so_and_leaves_no_process(tmp_path):
+    env = faults_table(tmp_path / "tables", *(f"gfx942,304,64,ok,{b}" for b in BLOCKS))
+    cache = tmp_path / "cache"
+    args = ("--cache-dir", str(cache), "-j", "2")
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    # As Ctrl-C would: SIGINT to the whole group, whose processes take it as KeyboardInterrupt.
+    proc = start_aot(MODULE, *args, env=env, start_new_session=True, **pipes)
+    deadline = time.monotonic() + 300
+    while not _compiling(cache):
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "interrupted: the cache holds what was compiled so far" in stderr
+    assert "Traceback" not in stderr
+    deadline = time.monotonic() + 30
+    while _group_alive(proc.pid):
+        assert time.monotonic() < deadline, f"still running: {_group_alive(proc.pid)}"
+        time.sleep(0.05)
+    assert not_whole(cache) == {}
+    succeeded(run_aot(MODULE, *args, env=env))
+
+
 # --- a worker killed by SIGKILL, and a compile that hangs ---
 
 FAULTY_ROWS = (
