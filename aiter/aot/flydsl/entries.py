@@ -53,17 +53,10 @@ class EntryAudit:
         return removed
 
     def _inspect(self, path: Path) -> str | None:
-        from aiter.aot.flydsl.manifest import entry_defect, file_digest
+        from aiter.aot.flydsl.manifest import entry_defect, record_mismatch
 
-        defect = entry_defect(path, self.arch)
-        if defect is not None:
-            return defect
         record = self._manifest_records().get(path)
-        if record is not None:
-            size, digest = file_digest(path)
-            if (size, digest) != (record.get("size"), record.get("sha256")):
-                return f"changed since the build that listed it (size {size}, recorded {record.get('size')})"
-        return None
+        return entry_defect(path, self.arch) or (record and record_mismatch(path, record)) or None
 
     def _manifest_records(self) -> dict[Path, dict[str, Any]]:
         if self._records is None:

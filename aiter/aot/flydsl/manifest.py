@@ -142,10 +142,17 @@ def entry_problem(cache_dir: str | Path, rel: str, record: Mapping[str, Any]) ->
     path = Path(cache_dir) / rel
     if not path.is_file():
         return "missing"
+    return record_mismatch(path, record) or entry_defect(path, record["arch"])
+
+
+def record_mismatch(path: str | Path, record: Mapping[str, Any]) -> str | None:
+    """Why an entry's bytes are not the ones its manifest record lists, or None when they are."""
     size, digest = file_digest(path)
     if size != record.get("size") or digest != record.get("sha256"):
-        return f"changed since the build (size {size}, recorded {record.get('size')})"
-    return entry_defect(path, record["arch"])
+        return (
+            f"changed since the build that listed it (size {size}, recorded {record.get('size')})"
+        )
+    return None
 
 
 def entry_defect(path: str | Path, arch: str) -> str | None:
