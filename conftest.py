@@ -1,13 +1,20 @@
-"""Shared test setup: the `gpu` marker skips where no AMD GPU is visible, `slow` marks what the
+"""Shared test setup: hypothesis profiles, the `gpu` marker skips where no AMD GPU is visible, `slow` marks what the
 inner loop (`pytest -m "not slow"`) leaves out, and the AMDGPU linker is found once a session.
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# CI replays the same generated examples on every run (a red CI then always names a real,
+# reproducible bug); a local run explores new examples each time.
+settings.register_profile("ci", derandomize=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 
 
 @functools.cache

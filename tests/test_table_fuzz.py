@@ -53,6 +53,12 @@ NASTY = (
 FAST = dict(deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 
 
+def table_text(exclude_characters: str = "", **size) -> st.SearchStrategy[str]:
+    """Text a table file can hold: any character UTF-8 encodes (no lone surrogates)."""
+    characters = st.characters(codec="utf-8", exclude_characters=exclude_characters)
+    return st.text(characters, **size)
+
+
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("tables")
@@ -113,7 +119,7 @@ def good_row(draw, spec: TableSpec) -> tuple[list[str], tuple, float]:
         elif column.pattern is not None:  # kernelName: empty, or a name of its grammar
             cells.append(draw(st.just("") | st.from_regex(column.pattern, fullmatch=True)))
         else:
-            cells.append(draw(st.text(st.characters(exclude_characters="\r\n"), max_size=12)))
+            cells.append(draw(table_text(exclude_characters="\r\n", max_size=12)))
     shape = tuple(values[name] for name in spec.key)
     return cells, shape, us
 
@@ -203,7 +209,7 @@ def test_a_dropped_or_renamed_column_is_named(workdir, spec, data):
     index = data.draw(st.integers(0, len(header) - 1), label="column")
     old = header[index]
     # Not U+FEFF: at the start of the file it is the byte-order mark, which is dropped.
-    names = st.text(st.characters(exclude_characters="\ufeff"), max_size=10)
+    names = table_text(exclude_characters="\ufeff", max_size=10)
     new = data.draw(st.none() | names | st.sampled_from(header), label="new name")
     if new is None:
         del header[index]
@@ -238,7 +244,7 @@ def test_a_short_or_long_row_names_its_line(workdir, spec, data):
         start = data.draw(st.integers(1, len(row) - 1), label="cut from")
         del row[start : start + data.draw(st.integers(1, len(row) - start), label="cut")]
     else:
-        row += data.draw(st.lists(st.text(st.characters(exclude_characters="\r\n")), min_size=1))
+        row += data.draw(st.lists(table_text(exclude_characters="\r\n"), min_size=1))
     outcome = check(spec, write(workdir, spec, render(header, cells).encode()))
     assert isinstance(outcome, TableError)
     line = which + 2
@@ -250,13 +256,13 @@ def test_a_short_or_long_row_names_its_line(workdir, spec, data):
 
 def bad_values(column: Column) -> st.SearchStrategy[str] | None:
     """Cells a column must refuse; None when it takes any text."""
-    with_junk = st.text(max_size=6).map(lambda t: t + NOT_NUMERIC[len(t) % len(NOT_NUMERIC)])
+    with_junk = table_text(max_size=6).map(lambda t: t + NOT_NUMERIC[len(t) % len(NOT_NUMERIC)])
     if column.choices:
-        return (st.text(max_size=12) | st.sampled_from(NASTY)).filter(
+        return (table_text(max_size=12) | st.sampled_from(NASTY)).filter(
             lambda t: t.strip() not in column.choices
         )
     if column.pattern is not None:
-        names = st.text(max_size=30) | st.from_regex(column.pattern, fullmatch=True).flatmap(
+        names = table_text(max_size=30) | st.from_regex(column.pattern, fullmatch=True).flatmap(
             lambda name: st.sampled_from((name + "x", "x" + name, name.replace("_", "-")))
         )
         return names.filter(lambda t: t.strip() and not re.fullmatch(column.pattern, t.strip()))
@@ -342,25 +348,25 @@ def mutate_cells(data, header: list[str], cells: list[list[str]]) -> None:
             if column < len(r):
                 del r[column]
     elif kind == "rename":
-        header[column] = data.draw(st.text(max_size=8) | st.sampled_from(header))
+        header[column] = data.draw(table_text(max_size=8) | st.sampled_from(header))
     elif row is None:
         return
     elif kind == "short":
         del cells[row][data.draw(st.integers(0, len(cells[row]))) :]
     elif kind == "long":
-        cells[row] += data.draw(st.lists(st.text(max_size=4), min_size=1, max_size=3))
+        cells[row] += data.draw(st.lists(table_text(max_size=4), min_size=1, max_size=3))
     elif kind in ("cell", "sign") and column < len(cells[row]):
         if kind == "cell":
-            value = data.draw(st.text(max_size=10) | st.sampled_from(NASTY))
+            value = data.draw(table_text(max_size=10) | st.sampled_from(NASTY))
         else:
             value = data.draw(st.sampled_from(("0", "-1", "-256", "-0.0", "-1e3")))
         cells[row][column] = value
     elif kind == "dup":
         cells.insert(data.draw(st.integers(0, len(cells))), list(cells[row]))
     elif kind == "quote" and column < len(cells[row]):
-        text = cells[row][column]
+        cell = cells[row][column]
         cells[row][column] = data.draw(
-            st.sampled_from((f'"{text}"', f'"{text}', f'{text}"', f'"{text}"x', text + "\n")),
+            st.sampled_from((f'"{cell}"', f'"{cell}', f'{cell}"', f'"{cell}"x', cell + "\n")),
         )
 
 
