@@ -6,7 +6,7 @@ STAMP := $(VENV)/.aiter-installed
 
 .PHONY: aot test lint format venv clean-venv
 
-$(STAMP): setup.py pyproject.toml
+$(STAMP): setup.py pyproject.toml $(wildcard csrc/*)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install "setuptools>=64" wheel
 	# The CPU build of torch first, by exact version; nothing below may replace it.

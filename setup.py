@@ -1,6 +1,48 @@
-"""Package metadata for aiter (setup.py stays the build entry; tool settings are in pyproject)."""
+"""Package metadata for aiter and its C++ host planner (csrc/, a torch extension without device
+code); setup.py stays the build entry, tool settings are in pyproject.
+"""
+
+import os
+import shlex
+import shutil
 
 from setuptools import find_packages, setup
+
+NO_COMPILER = (
+    "aiter: building the C++ host planner (csrc/) needs a C++ compiler{}; install one "
+    "(Debian/Ubuntu: apt-get install g++) or set CXX"
+)
+NO_TORCH = (
+    "aiter: building the C++ host planner (csrc/) needs torch at build time; install "
+    'torch==2.13.0 first (pip install "torch==2.13.0"), then install aiter with '
+    "pip install --no-build-isolation"
+)
+
+
+def _cxx_compiler() -> str:
+    """The C++ compiler to build with: CXX when set, else c++, g++ or clang++ on PATH."""
+    cxx = os.environ.get("CXX", "").strip()
+    if cxx:
+        if not shutil.which(shlex.split(cxx)[0]):
+            raise SystemExit(NO_COMPILER.format(f" (CXX={cxx!r} is not on PATH)"))
+        return cxx
+    for name in ("c++", "g++", "clang++"):
+        if shutil.which(name):
+            return name
+    raise SystemExit(NO_COMPILER.format(""))
+
+
+# torch's build compiles with CXX, else c++; name the one found (g++ or clang++ without c++).
+os.environ["CXX"] = _cxx_compiler()
+try:
+    from torch.utils.cpp_extension import BuildExtension, CppExtension, library_paths
+except ImportError:
+    raise SystemExit(NO_TORCH) from None
+
+# Where the extension finds torch's libraries (libc10, libtorch_cpu) when it is imported before
+# torch: beside an installed aiter (site-packages/torch/lib), else where this build found them
+# (an editable install, whose .so stays in the source tree).
+TORCH_RPATH = ":".join(["$ORIGIN/../torch/lib", *library_paths()])
 
 setup(
     name="aiter",
@@ -9,6 +51,17 @@ setup(
     python_requires=">=3.11,<3.12",
     packages=find_packages(include=["aiter", "aiter.*"]),
     package_data={"aiter": ["configs/*.csv"]},
+    ext_modules=[
+        # Host code only: integer planning ops registered as torch.ops.aiter.* (no ROCm needed).
+        CppExtension(
+            "aiter._moe_host",
+            ["csrc/moe_plan.cpp"],
+            # torch 2.13's headers are C++20 (torch adds -std=c++20); -g0 keeps the .so small.
+            extra_compile_args={"cxx": ["-O2", "-g0"]},
+            extra_link_args=[f"-Wl,-rpath,{TORCH_RPATH}"],
+        )
+    ],
+    cmdclass={"build_ext": BuildExtension},
     install_requires=[
         # Exactly the release whose CPU build the Makefile installs first, so pip never swaps it
         # for another (multi-GB) build.
