@@ -179,6 +179,16 @@ def test_shuffle_round_trip_is_identity(dtype, shape, layout) -> None:
         assert not torch.equal(shuffled.view(torch.int8), w.view(torch.int8))
 
 
+def test_a_stack_of_weights_shuffles_each_slab_on_its_own() -> None:
+    """MoE experts: shuffling [E, N, K] equals shuffling each [N, K] slab."""
+    w = _random_bytes((3, 32, 64), FN, seed=7)
+    shuffled = g.shuffle_weight(w)
+    assert shuffled.shape == w.shape
+    for e in range(3):
+        assert torch.equal(shuffled[e].view(torch.int8), g.shuffle_weight(w[e]).view(torch.int8))
+    assert torch.equal(g.unshuffle_weight(shuffled).view(torch.int8), w.view(torch.int8))
+
+
 def test_shuffle_matches_hand_written_reference() -> None:
     """Layout (16, 16): 16x16 blocks of W, N-group major then K chunk, each block row-major."""
     n, k = 32, 48
@@ -229,9 +239,9 @@ def test_kernel_weight_runs_read_w_rows(mma: str) -> None:
 @pytest.mark.parametrize(
     ("shape", "layout", "message"),
     [
-        ((24, 32), (16, 16), r"w: N = w.shape\[0\] = 24 must be a multiple of layout\[0\] = 16"),
-        ((32, 40), (16, 16), r"w: K = w.shape\[1\] = 40 must be a multiple of layout\[1\] = 16"),
-        ((16, 16, 1), (16, 16), r"w: expected a 2-D \[N, K\] tensor"),
+        ((24, 32), (16, 16), r"w: N = w.shape\[-2\] = 24 must be a multiple of layout\[0\] = 16"),
+        ((32, 40), (16, 16), r"w: K = w.shape\[-1\] = 40 must be a multiple of layout\[1\] = 16"),
+        ((16,), (16, 16), r"w: expected a \[\.\.\., N, K\] tensor"),
         ((16, 16), (16, 0), "layout: expected a pair of positive ints"),
         ((16, 16), [16, 16], "layout: expected a pair of positive ints"),
     ],

@@ -55,6 +55,8 @@ class TableSpec:
     axis: BucketAxis
     open_choices: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     directory: Path | None = None  # where the default file lives; None: AITER_CONFIG_DIR or configs
+    # Rows this library cannot serve, by cell text: column -> texts (validated, then dropped).
+    exclude: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     def __hash__(self) -> int:
         return hash((self.name, self.env_var))
@@ -106,6 +108,7 @@ def _load_cached(spec: TableSpec, default_path: Path, _env_value: str) -> TunedT
         key=spec.key,
         m_column=spec.axis.column,
         env_var=spec.env_var,
+        exclude=spec.exclude,
     )
 
 

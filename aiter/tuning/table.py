@@ -106,12 +106,14 @@ def load_table(
     m_column: str = "M",
     env_var: str | None = None,
     extra_paths: Sequence[PathLike] = (),
+    exclude: Mapping[str, tuple[str, ...]] | None = None,
 ) -> TunedTable:
     """Read the default table, then files listed in `env_var`, then `extra_paths`.
 
     Every file must hold every column in `columns`, with cells of its kind. Rows with
     the same shape (`key`, which always includes `m_column`) are one: the lowest `us`
-    wins, an empty `us` loses, and on a tie the later file's row wins.
+    wins, an empty `us` loses, and on a tie the later file's row wins. A row whose cell in a
+    column of `exclude` is one of that column's texts is validated, then dropped.
     """
     kinds = _check_schema(columns, key, m_column)
     constrained = {c.name: c for c in columns if c.constrained}
@@ -128,6 +130,8 @@ def load_table(
     for raw in raws:
         _check_columns(raw, kinds)
         for row in _rows(raw, all_columns, kinds, constrained):
+            if exclude and any(row.cells[c].strip() in v for c, v in exclude.items()):
+                continue
             shape = tuple(PARSERS[kinds[name]](row.cells[name]) for name in shape_columns)
             us = _us(row)
             best = winners.get(shape)

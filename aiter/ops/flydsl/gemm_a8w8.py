@@ -94,19 +94,20 @@ def _check_layout(w: torch.Tensor, layout: tuple[int, int]) -> tuple[int, int, i
         or not all(isinstance(v, int) and v > 0 for v in layout)
     ):
         raise ValueError(f"layout: expected a pair of positive ints, got {layout!r}")
-    if w.dim() != 2:
-        raise ValueError(f"w: expected a 2-D [N, K] tensor, got shape {list(w.shape)}")
-    n, k = (int(d) for d in w.shape)
+    if w.dim() < 2:
+        raise ValueError(f"w: expected a [..., N, K] tensor, got shape {list(w.shape)}")
+    n, k = (int(d) for d in w.shape[-2:])
     ln, lk = layout
     if n % ln:
-        raise ValueError(f"w: N = w.shape[0] = {n} must be a multiple of layout[0] = {ln}")
+        raise ValueError(f"w: N = w.shape[-2] = {n} must be a multiple of layout[0] = {ln}")
     if k % lk:
-        raise ValueError(f"w: K = w.shape[1] = {k} must be a multiple of layout[1] = {lk}")
+        raise ValueError(f"w: K = w.shape[-1] = {k} must be a multiple of layout[1] = {lk}")
     return n, k, ln, lk
 
 
 def shuffle_weight(w: torch.Tensor, layout: tuple[int, int] = (16, 16)) -> torch.Tensor:
-    """Preshuffle a [N, K] weight for the bpreshuffle kernel; returns a contiguous [N, K] tensor.
+    """Preshuffle a [N, K] weight (or a stack [..., N, K], e.g. MoE experts, each slab shuffled
+    on its own) for the preshuffled-weight kernels; returns a contiguous tensor of w's shape.
 
     With layout (ln, lk), W is viewed as [N / ln, ln, K / lk, lk] and permuted to
     [N / ln, K / lk, ln, lk]: each group of ln rows stores its K as chunks of lk contiguous
@@ -118,13 +119,17 @@ def shuffle_weight(w: torch.Tensor, layout: tuple[int, int] = (16, 16)) -> torch
     Raises ValueError unless N % layout[0] == 0 and K % layout[1] == 0.
     """
     n, k, ln, lk = _check_layout(w, layout)
-    return w.reshape(n // ln, ln, k // lk, lk).permute(0, 2, 1, 3).contiguous().view(n, k)
+    rows = w.numel() // k  # leading dims (experts) stack whole groups of ln rows
+    shuffled = w.reshape(rows // ln, ln, k // lk, lk).permute(0, 2, 1, 3).contiguous()
+    return shuffled.view(w.shape)
 
 
 def unshuffle_weight(w: torch.Tensor, layout: tuple[int, int] = (16, 16)) -> torch.Tensor:
-    """Inverse of shuffle_weight: the row-major [N, K] weight from its preshuffled form."""
+    """Inverse of shuffle_weight: the row-major [..., N, K] weight from its preshuffled form."""
     n, k, ln, lk = _check_layout(w, layout)
-    return w.reshape(n // ln, k // lk, ln, lk).permute(0, 2, 1, 3).contiguous().view(n, k)
+    rows = w.numel() // k
+    plain = w.reshape(rows // ln, k // lk, ln, lk).permute(0, 2, 1, 3).contiguous()
+    return plain.view(w.shape)
 
 
 # --- kernel building blocks ----------------------------------------------------------------
