@@ -4,6 +4,7 @@ __version__ = "0.1.0"
 
 
 _A8W8 = ("gemm_a8w8_bpreshuffle", "gemm_a8w8_blockscale", "shuffle_weight", "unshuffle_weight")
+_MOE = ("fused_moe", "fused_topk", "moe_sorting")
 
 
 def __getattr__(name: str):
@@ -16,4 +17,8 @@ def __getattr__(name: str):
         from aiter.ops import gemm_a8w8
 
         return getattr(gemm_a8w8, name)
+    if name in _MOE:
+        from aiter.ops import moe
+
+        return getattr(moe, name)
     raise AttributeError(f"module 'aiter' has no attribute {name!r}")

@@ -988,9 +988,9 @@ def test_shuffle_weight_other_layout() -> None:
 @pytest.mark.parametrize(
     "shape, layout, message",
     [
-        ((24, 32), (16, 16), "w: N = w.shape[0] = 24 must be a multiple of layout[0] = 16"),
-        ((32, 40), (16, 16), "w: K = w.shape[1] = 40 must be a multiple of layout[1] = 16"),
-        ((32,), (16, 16), "w: expected a 2-D [N, K] tensor, got shape [32]"),
+        ((24, 32), (16, 16), "w: N = w.shape[-2] = 24 must be a multiple of layout[0] = 16"),
+        ((32, 40), (16, 16), "w: K = w.shape[-1] = 40 must be a multiple of layout[1] = 16"),
+        ((32,), (16, 16), "w: expected a [..., N, K] tensor, got shape [32]"),
         ((32, 32), (16, 0), "layout: expected a pair of positive ints, got (16, 0)"),
         ((32, 32), [16, 16], "layout: expected a pair of positive ints, got [16, 16]"),
     ],
