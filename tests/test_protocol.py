@@ -20,7 +20,7 @@ from aiter.aot.flydsl.protocol import (
     to_json,
 )
 
-KERNEL = KernelRef("gemm", "/c/gemm_abc", "key", "0123456789abcdef.pkl", "tile_m=16 split_k=2")
+KERNEL = KernelRef("gemm", "/c/gemm_abc", "0123456789abcdef.pkl", "tile_m=16 split_k=2")
 JOB = JobInfo("gemm", "t.csv", "/tables/t.csv:7", "gfx942", 304, "out_dtype=float16", "M", 1, 64)
 GRID = JobInfo(
     "attn", "grid.csv", "/g.csv:2", "gfx950", 256, "", "seqlen", 128, 1024,

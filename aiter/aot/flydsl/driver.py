@@ -15,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -68,7 +68,9 @@ class _ArchRun:
     proc: subprocess.Popen
     progress: Any  # the read end of its progress pipe
     held: int = 0
-    buffer: str = ""
+    # Pieces of the line not yet ended: the final report is one long line that arrives in many
+    # reads, and re-scanning a growing string on every read would cost quadratic time.
+    pending: list[str] = field(default_factory=list)
     report: ArchReport | None = None  # sent as the last line of its progress pipe
 
 
@@ -176,8 +178,13 @@ def _read(run: _ArchRun, board: Any) -> bool:
     if not data:
         return False
     chunk = data.decode()
-    run.buffer += chunk
-    *lines, run.buffer = run.buffer.split("\n")
+    if "\n" not in chunk:
+        run.pending.append(chunk)
+        return True
+    first, *lines = chunk.split("\n")
+    lines[0:0] = ["".join([*run.pending, first])]
+    *lines, rest = lines
+    run.pending = [rest] if rest else []
     for line in lines:
         message = json.loads(line)
         if "report" in message:

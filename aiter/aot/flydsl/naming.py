@@ -29,7 +29,6 @@ def _kernel_ref(request: Any) -> KernelRef:
     return KernelRef(
         function=request.function,
         cache_dir=request.cache_dir,
-        key=request.key,
         file=request.file_name,
         params=request.describe_params(),
     )

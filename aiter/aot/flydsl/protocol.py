@@ -30,7 +30,8 @@ class KernelRef:
 
     function: str  # the @flyc.jit function
     cache_dir: str  # <cache root>/<function>_<manager key>
-    key: str  # FlyDSL's full cache key
+    # Not FlyDSL's full key (kilobytes, repeated in every segment of a report): the entry file
+    # name is derived from it, and the parameters say what differs.
     file: str  # entry file name inside cache_dir
     params: str  # compile-time parameters, "name=value ..."
 
