@@ -18,14 +18,15 @@ FORMAT = "aiter-aot-fingerprint/1"
 VERSIONED_PACKAGES = ("aiter", "flydsl", "torch")
 AITER_ENV_PREFIX = "AITER_"
 TARGETS_ENV = "GPU_ARCHS"
-_SOURCE_SUFFIXES = (".py", ".csv")
+# Python and tables, and the built C++ host planner: its formulas choose kernels too.
+_SOURCE_SUFFIXES = (".py", ".csv", ".so")
 
 
 @dataclass(frozen=True)
 class FingerprintInputs:
     """What a replay's result depends on. Only `tables` is order-sensitive (merge order)."""
 
-    sources: tuple[str, ...]  # python/CSV files whose bytes count
+    sources: tuple[str, ...]  # python, CSV and extension files whose bytes count
     tables: tuple[str, ...]  # every merged tuned-table file, in merge order
     env: tuple[tuple[str, str], ...]  # variables that enter FlyDSL's keys or aiter's choices
     versions: tuple[tuple[str, str], ...]  # (package, version)
@@ -40,7 +41,8 @@ def _package_dir() -> Path:
 
 
 def package_sources(extra_files: Iterable[str | Path] = ()) -> list[str]:
-    """Every *.py and *.csv file of the installed aiter package (sorted), then `extra_files`."""
+    """Every *.py, *.csv and *.so file of the installed aiter package (sorted), then
+    `extra_files`."""
     root = _package_dir()
     found: list[str] = []
     for dirpath, dirnames, filenames in os.walk(root):
