@@ -211,6 +211,32 @@ def test_later_files_may_add_columns(tmp_path):
     assert [(row["note"], row["bias"]) for row in table.rows] == [("", ""), ("fast", "1")]
 
 
+def test_a_column_files_may_leave_out_reads_as_empty(tmp_path):
+    columns = (*COLUMNS, Column("libtype", "optional_str", choices=("torch",), required=False))
+    path = write(tmp_path, "d.csv", f"{HEADER}\n304,16,4096,1024,bf16,0,0,\n")
+    table = load_table(path, columns=columns, key=KEY)
+    assert [row["libtype"] for row in table.rows] == [""]
+    bad = write(tmp_path, "b.csv", f"{HEADER},libtype\n304,16,4096,1024,bf16,0,0,,tensorflow\n")
+    with pytest.raises(TableError, match="column 'libtype': expected one of torch"):
+        load_table(bad, columns=columns, key=KEY)
+
+
+def test_a_column_files_may_leave_out_must_have_an_optional_kind():
+    with pytest.raises(ValueError, match="needs an optional kind"):
+        Column("libtype", "str", required=False)
+
+
+def test_rows_can_be_excluded_by_cell_text(tmp_path):
+    columns = (*COLUMNS, Column("_tag", "optional_str"))
+    path = write(
+        tmp_path,
+        "d.csv",
+        f"{HEADER},_tag\n304,16,4096,1024,bf16,0,0,,skip\n304,32,4096,1024,bf16,0,0,,\n",
+    )
+    table = load_table(path, columns=columns, key=KEY, exclude={"_tag": ("skip",)})
+    assert [row["M"] for row in table.rows] == ["32"]
+
+
 # --- lookup and buckets ----------------------------------------------------------------
 
 

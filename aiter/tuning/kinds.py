@@ -34,6 +34,7 @@ class Column:
     maximum: int | None = None  # and the largest (a kernel's documented limit)
     pattern: str | None = None  # for text kinds: a regular expression a cell must match
     pattern_help: str = ""  # what the pattern asks for, in words
+    required: bool = True  # False: a file may leave the column out (its cells read as empty)
 
     @property
     def constrained(self) -> bool:
@@ -64,6 +65,10 @@ class Column:
         if self.kind not in KINDS:
             raise ValueError(
                 f"column {self.name!r}: unknown kind {self.kind!r}; expected one of {KINDS}"
+            )
+        if not self.required and not self.kind.startswith("optional"):
+            raise ValueError(
+                f"column {self.name!r}: a column files may leave out needs an optional kind"
             )
 
     def expected(self) -> str:

@@ -125,10 +125,14 @@ def load_table(
     for path in extra_paths:
         raws.append(read_table_file(path, "--csv"))
 
-    all_columns = tuple(dict.fromkeys(name for raw in raws for name in raw.header))
+    # Columns a file may leave out still have a cell in every row (empty).
+    all_columns = tuple(
+        dict.fromkeys([*(name for raw in raws for name in raw.header), *kinds])
+    )
+    required = {c.name: c.kind for c in columns if c.required}
     winners: dict[tuple[Hashable, ...], tuple[float, Row]] = {}
     for raw in raws:
-        _check_columns(raw, kinds)
+        _check_columns(raw, required)
         for row in _rows(raw, all_columns, kinds, constrained):
             if exclude and any(row.cells[c].strip() in v for c, v in exclude.items()):
                 continue
