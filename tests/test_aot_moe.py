@@ -163,6 +163,11 @@ SERVE = textwrap.dedent("""
                 kw["expert_mask"] = empty((8,), torch.int32)
             if rng.random() < 0.5:
                 kw["num_local_tokens"] = empty((1,), torch.int32)
+            if arch == "gfx942" and rng.random() < 0.5:  # the swiglu row's layer
+                kw.update(activation="swiglu", doweight_stage1=True)
+                if rng.random() < 0.5:
+                    kw["bias1"] = empty((local, 512), torch.float32)
+                    kw["bias2"] = empty((local, 2048), torch.float32)
             fused_moe(
                 empty((tokens, 2048), torch.bfloat16), empty((local, 512, 2048), torch.bfloat16),
                 empty((local, 2048, 256), torch.bfloat16), empty((tokens, 2), torch.float32),
