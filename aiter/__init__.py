@@ -17,6 +17,10 @@ def __getattr__(name: str):
         from aiter.ops import gemm_a8w8
 
         return getattr(gemm_a8w8, name)
+    if name == "conv3d":
+        from aiter.ops.conv3d import conv3d
+
+        return conv3d
     if name in _MOE:
         from aiter.ops import moe
 

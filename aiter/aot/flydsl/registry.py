@@ -13,6 +13,7 @@ from aiter.aot.flydsl.jobs import Family, module_file
 MODULES: dict[str, str] = {
     "gemm": "aiter.aot.flydsl.gemm",
     "moe": "aiter.aot.flydsl.moe",
+    "conv3d": "aiter.aot.flydsl.conv3d",
 }
 # More modules for one run (tests, out-of-tree operator families): import paths, comma-separated.
 EXTRA_MODULES_ENV = "AITER_AOT_EXTRA_MODULES"
