@@ -1,0 +1,144 @@
+"""AOT replay of the fp8 attention shapes: each row becomes calls of `flash_attn_fp8` with
+FakeTensors over a grid of batch sizes, query lengths and key lengths up to the row's maxima, for
+each return_lse choice, with bisection along every grid edge.
+
+Why every point inside the ranges is served, not only grid points: each compile-time choice of
+the launcher is either a function of one axis (attention_plan.ONE_AXIS: query block and the split
+gate by query length, rescale threshold and the split gate by key length) or a predicate that
+never turns on as batch or query length grow (whether KV splits are used). The grid holds every
+switch point of the one-axis functions (both sides), found by asking those functions, so inside a
+grid cell they are constant; the monotone predicate then takes inside a cell only values it takes
+at the cell's corners; every corner is probed; so every point of a cell needs the kernels of one
+of its corners. `--check --sample N` audits that claim at random points of every cell.
+
+Run `python -m aiter.aot.flydsl.fmha_fp8 [--list | --check]` (or `python -m aiter.aot.flydsl`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping, Sequence
+
+from aiter.aot.flydsl.jobs import Call, Family, Job, grid_jobs
+from aiter.ops.fmha_tables import FMHA_FP8
+from aiter.tuning import Row
+from aiter.tuning.spec import describe_variant
+
+SEQLEN_GRID_BASE = 4  # grid sequence lengths at powers of 4 (and the switch points)
+
+
+def caller(row: Row, variant: Mapping[str, str]) -> Call:
+    """flash_attn_fp8 as a caller of this row's heads calls it, at (batch, query len, key len)."""
+    from aiter.ops.attention import flash_attn_fp8
+
+    hq, hkv = row.int("num_heads"), row.int("num_kv_heads")
+    d, dv = row.int("head_dim"), row.int("head_dim_v")
+    varlen = row["layout"] == "varlen"
+    causal = row["causal"].strip().lower() in ("1", "true", "1.0")
+    return_lse = variant["return_lse"] == "true"
+
+    def call(batch: int, seqlen_q: int, seqlen_k: int) -> None:
+        import torch
+
+        from aiter import device
+
+        fp8 = device.fp8_dtype()
+
+        def empty(shape, dtype=fp8):
+            return torch.empty(shape, dtype=dtype, device="cuda")
+
+        descales = {n: empty((1,), torch.float32) for n in ("q_descale", "k_descale", "v_descale")}
+        if varlen:
+            flash_attn_fp8(
+                empty((batch * seqlen_q, hq, d)),
+                empty((batch * seqlen_k, hkv, d)),
+                empty((batch * seqlen_k, hkv, dv)),
+                causal=causal,
+                cu_seqlens_q=empty((batch + 1,), torch.int32),
+                cu_seqlens_kv=empty((batch + 1,), torch.int32),
+                max_seqlen_q=seqlen_q,
+                max_seqlen_kv=seqlen_k,
+                return_lse=return_lse,
+                **descales,
+            )
+        else:
+            flash_attn_fp8(
+                empty((batch, seqlen_q, hq, d)),
+                empty((batch, seqlen_k, hkv, d)),
+                empty((batch, seqlen_k, hkv, dv)),
+                causal=causal,
+                return_lse=return_lse,
+                **descales,
+            )
+
+    return call
+
+
+def axis_points(axis: str, top: int) -> list[int]:
+    """Grid values of a sequence axis: powers of SEQLEN_GRID_BASE up to `top`, `top`, and both
+    sides of every switch of the launcher's one-axis functions of this axis."""
+    from aiter.ops.attention_plan import ONE_AXIS
+
+    points = {1, top}
+    value = 1
+    while value < top:
+        points.add(value)
+        value *= SEQLEN_GRID_BASE
+    functions = ONE_AXIS.get(axis, ())
+    previous = [f(1) for f in functions]
+    for length in range(2, top + 1):
+        current = [f(length) for f in functions]
+        if current != previous:
+            points.update((length - 1, length))
+        previous = current
+    return sorted(points)
+
+
+def batch_points(top: int) -> list[int]:
+    points, value = {1, top}, 1
+    while value < top:
+        points.add(value)
+        value *= 2
+    return sorted(points)
+
+
+def make_jobs(
+    family: Family, arch: str, cu_nums: frozenset[int] | None, maxima: Mapping[str, int]
+) -> list[Job]:
+    table = FMHA_FP8.load()
+    cap = maxima.get(FMHA_FP8.axis.name, FMHA_FP8.axis.default_max)
+    jobs = []
+    for row in table.rows:
+        if row["gfx"] != arch or (cu_nums is not None and row.int("cu_num") not in cu_nums):
+            continue
+        top = min(row.int("max_seqlen"), cap)
+        grid = {
+            "batch": batch_points(row.int("max_batch")),
+            "seqlen_q": axis_points("seqlen_q", top),
+            "seqlen_k": axis_points("seqlen_k", top),
+        }
+        for variant in FMHA_FP8.variants():
+            jobs += grid_jobs(
+                family,
+                table=FMHA_FP8.name,
+                row=f"{row.source}:{row.line}",
+                arch=arch,
+                cu_num=row.int("cu_num"),
+                variant=describe_variant(variant),
+                grid=grid,
+                call=caller(row, variant),
+            )
+    return jobs
+
+
+FAMILY = Family(module="fmha_fp8", tables=(FMHA_FP8,), make_jobs=make_jobs)
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    from aiter.aot.flydsl.driver import main
+
+    return main(["aiter.aot.flydsl.fmha_fp8"], argv)
+
+
+if __name__ == "__main__":
+    sys.exit(run())
