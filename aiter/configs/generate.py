@@ -2,7 +2,8 @@
 
 No AMD GPU was measured for them: every choice is the runtime's documented heuristic at the row's
 M, with splitK 0 (chosen per call) and `us` empty. `python -m aiter.configs.generate` rewrites
-every table in aiter/configs (the MoE and conv3d tables through generate_moe, generate_conv3d).
+every table in aiter/configs (MoE, conv3d and attention through generate_moe, generate_conv3d
+and generate_fmha).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiter.arch import ARCHS, ArchInfo
-from aiter.configs import generate_conv3d, generate_moe
+from aiter.configs import generate_conv3d, generate_fmha, generate_moe
 from aiter.ops.gemm_config import KernelFamily
 from aiter.ops.gemm_tables import (
     A8W8_BLOCKSCALE,
@@ -178,6 +179,7 @@ def main() -> None:
         print(f"wrote {len(rows(recipe))} rows to {path}")
     generate_moe.write(Path(args.out_dir))
     generate_conv3d.write(Path(args.out_dir))
+    generate_fmha.write(Path(args.out_dir))
 
 
 if __name__ == "__main__":

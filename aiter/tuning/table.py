@@ -126,9 +126,7 @@ def load_table(
         raws.append(read_table_file(path, "--csv"))
 
     # Columns a file may leave out still have a cell in every row (empty).
-    all_columns = tuple(
-        dict.fromkeys([*(name for raw in raws for name in raw.header), *kinds])
-    )
+    all_columns = tuple(dict.fromkeys([*(name for raw in raws for name in raw.header), *kinds]))
     required = {c.name: c.kind for c in columns if c.required}
     winners: dict[tuple[Hashable, ...], tuple[float, Row]] = {}
     for raw in raws:

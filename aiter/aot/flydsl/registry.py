@@ -14,6 +14,7 @@ MODULES: dict[str, str] = {
     "gemm": "aiter.aot.flydsl.gemm",
     "moe": "aiter.aot.flydsl.moe",
     "conv3d": "aiter.aot.flydsl.conv3d",
+    "fmha_fp8": "aiter.aot.flydsl.fmha_fp8",
 }
 # More modules for one run (tests, out-of-tree operator families): import paths, comma-separated.
 EXTRA_MODULES_ENV = "AITER_AOT_EXTRA_MODULES"
