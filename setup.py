@@ -5,8 +5,11 @@ code); setup.py stays the build entry, tool settings are in pyproject.
 import os
 import shlex
 import shutil
+import subprocess
+import sys
 
-from setuptools import find_packages, setup
+from setuptools import Command, find_packages, setup
+from setuptools.command.build import build
 
 NO_COMPILER = (
     "aiter: building the C++ host planner (csrc/) needs a C++ compiler{}; install one "
@@ -44,6 +47,34 @@ except ImportError:
 # (an editable install, whose .so stays in the source tree).
 TORCH_RPATH = ":".join(["$ORIGIN/../torch/lib", *library_paths()])
 
+
+class BuildFlydslCache(Command):
+    """With AITER_AOT=1: fill the FlyDSL cache the wheel ships (aiter/flydsl_cache) by replaying
+    every AOT module for GPU_ARCHS, or ship AITER_AOT_CACHE=DIR once --check passes on it. Runs
+    after the extension is built, from the build directory, so it replays what the wheel holds."""
+
+    description = "build the FlyDSL kernel cache the wheel ships (AITER_AOT=1)"
+    user_options: list = []
+
+    def initialize_options(self) -> None:
+        self.build_lib = None
+
+    def finalize_options(self) -> None:
+        self.set_undefined_options("build", ("build_lib", "build_lib"))
+
+    def run(self) -> None:
+        env = {**os.environ, "PYTHONPATH": os.path.abspath(self.build_lib)}
+        command = [sys.executable, "-m", "aiter.aot.flydsl.wheel", self.build_lib]
+        if subprocess.run(command, env=env, check=False).returncode:
+            raise SystemExit("aiter: the AOT cache step failed (see the replay's summary above)")
+
+
+def _aot_requested(_command) -> bool:
+    return os.environ.get("AITER_AOT") == "1" or bool(os.environ.get("AITER_AOT_CACHE"))
+
+
+build.sub_commands.append(("build_flydsl_cache", _aot_requested))
+
 setup(
     name="aiter",
     version="0.1.0",
@@ -61,7 +92,7 @@ setup(
             extra_link_args=[f"-Wl,-rpath,{TORCH_RPATH}"],
         )
     ],
-    cmdclass={"build_ext": BuildExtension},
+    cmdclass={"build_ext": BuildExtension, "build_flydsl_cache": BuildFlydslCache},
     install_requires=[
         # Exactly the release whose CPU build the Makefile installs first, so pip never swaps it
         # for another (multi-GB) build.

@@ -2,6 +2,11 @@
 
 __version__ = "0.1.0"
 
+from aiter import cache_location as _cache_location  # noqa: E402
+
+# Serve from the cache a wheel ships, unless the user named one; before FlyDSL is imported.
+_cache_location.configure()
+
 
 _A8W8 = ("gemm_a8w8_bpreshuffle", "gemm_a8w8_blockscale", "shuffle_weight", "unshuffle_weight")
 _MOE = ("fused_moe", "fused_topk", "moe_sorting")
@@ -17,6 +22,10 @@ def __getattr__(name: str):
         from aiter.ops import gemm_a8w8
 
         return getattr(gemm_a8w8, name)
+    if name == "flash_attn_fp8":
+        from aiter.ops.attention import flash_attn_fp8
+
+        return flash_attn_fp8
     if name == "conv3d":
         from aiter.ops.conv3d import conv3d
 

@@ -290,6 +290,10 @@ def _write_report(
 def main(module_paths: Sequence[str] | None = None, argv: Sequence[str] | None = None) -> int:
     """The command line of the AOT builder: every registered module (module_paths None) or the
     named ones; build (default), --list or --check."""
+    if "--info" in (sys.argv[1:] if argv is None else argv):
+        from aiter.aot.flydsl.info import main as info
+
+        return info()
     try:
         build = parse(module_paths, argv)
         fp = inputs = None

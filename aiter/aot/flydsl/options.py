@@ -183,6 +183,11 @@ def _parser(prog: str, axes: dict[str, Any], combined: bool) -> argparse.Argumen
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--list", action="store_true", help="name the kernels, compile nothing")
     group.add_argument(
+        "--info",
+        action="store_true",
+        help="which cache the runtime reads, what it holds, and whether its versions match",
+    )
+    group.add_argument(
         "--check", action="store_true", help="compile nothing; report every missing kernel"
     )
     parser.add_argument(
@@ -282,6 +287,9 @@ def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Bui
         family = registry.load(path)
         families[family.module] = family
     modules = {f.module: p for f, p in zip(families.values(), modules.values(), strict=True)}
+    # Only the axes of the modules replayed: the others would only clutter the summary.
+    replayed_axes = {name for family in families.values() for name in family.axes()}
+    maxima = {name: value for name, value in maxima.items() if name in replayed_axes}
     build = Build(
         modules=modules,
         families=families,

@@ -1,0 +1,76 @@
+"""`python -m aiter.aot.flydsl --info`: which cache the runtime will read, what it holds (archs,
+modules, kernel counts) and whether the installed flydsl and torch are the ones it was built with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from importlib import metadata
+
+from aiter import cache_location
+from aiter.aot.flydsl.manifest import manifest_path, read_manifest
+
+# FlyDSL's cache keys hash its version, and torch's enters the traced kernels: a cache built with
+# other versions misses on every lookup.
+CHECKED_PACKAGES = ("flydsl", "torch")
+
+
+def installed_versions() -> dict[str, str]:
+    versions = {}
+    for package in ("aiter", *CHECKED_PACKAGES):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = "missing"
+    return versions
+
+
+def mismatches(built: Mapping[str, str], installed: Mapping[str, str]) -> list[str]:
+    return [
+        f"{package}: the cache was built with {built[package]}, {installed.get(package)} is "
+        "installed"
+        for package in CHECKED_PACKAGES
+        if package in built and built[package] != installed.get(package)
+    ]
+
+
+def describe() -> list[str]:
+    path, how = cache_location.current()
+    lines = [f"runtime cache: {path} ({how})"]
+    if how == cache_location.SHIPPED_OVERLAY:
+        lines.append(
+            "  read-only: the runtime reads it through a writable overlay of links under "
+            f"{cache_location._overlay_root()} (where a compile on the serving path lands)"
+        )
+    if not manifest_path(path).is_file():
+        lines.append("  no aiter manifest there: not built by the AOT builder (or empty)")
+        return lines
+    manifest = read_manifest(path)
+    for arch, modules in sorted(manifest.get("archs", {}).items()):
+        counts = ", ".join(
+            f"{m} {len(entries)}" for m, entries in sorted(modules.items()) if entries
+        )
+        lines.append(f"  {arch}: {counts or 'no'} kernels")
+    built = manifest.get("versions", {})
+    installed = installed_versions()
+    lines.append(
+        "  built with: " + ", ".join(f"{p} {v}" for p, v in sorted(built.items()))
+        + "; installed: " + ", ".join(f"{p} {v}" for p, v in sorted(installed.items()))
+    )  # fmt: skip
+    problems = mismatches(built, installed)
+    for problem in problems:
+        lines.append(f"  VERSION MISMATCH {problem}")
+    if problems:
+        lines.append(
+            "  FlyDSL's cache keys hash its version: every lookup will miss. Rebuild the cache "
+            "with the installed versions (python -m aiter.aot.flydsl) or install the ones above."
+        )
+    else:
+        lines.append("  versions match: the runtime can serve from it")
+    return lines
+
+
+def main() -> int:
+    for line in describe():
+        print(line)
+    return 0

@@ -1,0 +1,81 @@
+"""The wheel build step: with AITER_AOT=1, fill the cache the wheel ships (aiter/flydsl_cache) by
+the combined replay for GPU_ARCHS, or ship AITER_AOT_CACHE=DIR after `--check` passes on it.
+
+setup.py runs `python -m aiter.aot.flydsl.wheel BUILD_LIB` after the extension is built; any FAIL
+fails the wheel build with the replay's summary. It prints the shipped cache's size per arch.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from aiter.aot.flydsl.manifest import MANIFEST_NAME
+from aiter.cache_location import SHIPPED_DIR_NAME
+
+AOT_ENV = "AITER_AOT"
+PREBUILT_ENV = "AITER_AOT_CACHE"
+
+
+def sizes_per_arch(cache: Path) -> dict[str, tuple[int, int]]:
+    """arch -> (kernel entries, bytes) as the cache's manifest records them."""
+    manifest = json.loads((cache / MANIFEST_NAME).read_text())
+    out = {}
+    for arch, modules in manifest.get("archs", {}).items():
+        entries = {rel: e for module in modules.values() for rel, e in module.items()}
+        out[arch] = (len(entries), sum(int(e.get("size", 0)) for e in entries.values()))
+    return out
+
+
+def _tidy(cache: Path) -> None:
+    """Drop FlyDSL's lock files and stray temporary files: a shipped cache holds entries only."""
+    for path in cache.rglob("*"):
+        if path.is_file() and (path.name.endswith(".lock") or path.name.endswith(".tmp")):
+            path.unlink()
+
+
+def build_shipped_cache(build_lib: Path, environ: dict[str, str]) -> int:
+    """Fill build_lib/aiter/flydsl_cache; 0 on success, else the replay's exit status."""
+    from aiter.aot.flydsl.driver import main
+
+    target = build_lib / "aiter" / SHIPPED_DIR_NAME
+    if target.exists():
+        shutil.rmtree(target)
+    prebuilt = environ.get(PREBUILT_ENV)
+    if prebuilt:
+        source = Path(prebuilt)
+        if not (source / MANIFEST_NAME).is_file():
+            print(f"error: {PREBUILT_ENV}={prebuilt}: no {MANIFEST_NAME} there; build it with "
+                  "python -m aiter.aot.flydsl --cache-dir DIR", file=sys.stderr)  # fmt: skip
+            return 2
+        print(f"aiter: checking the prebuilt cache {source} before shipping it", file=sys.stderr)
+        status = main(None, ["--check", "--cache-dir", str(source)])
+        if status:
+            return status
+        shutil.copytree(source, target)
+    else:
+        print(f"aiter: building the FlyDSL cache the wheel ships ({AOT_ENV}=1)", file=sys.stderr)
+        status = main(None, ["--cache-dir", str(target)])
+        if status:
+            return status
+    _tidy(target)
+    for arch, (count, size) in sorted(sizes_per_arch(target).items()):
+        print(f"aiter: shipped cache {arch}: {count} kernels, {size / 1e6:.1f} MB")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    import os
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: python -m aiter.aot.flydsl.wheel BUILD_LIB", file=sys.stderr)
+        return 2
+    return build_shipped_cache(Path(args[0]), dict(os.environ))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

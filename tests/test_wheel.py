@@ -1,0 +1,140 @@
+"""The shipped cache: a wheel built with AITER_AOT=1 for gfx942 from a small table holds the cache
+and its manifest; installed elsewhere, a process serves from it under RUN_ONLY with no cache
+variable set; the user's FLYDSL_RUNTIME_CACHE_DIR wins; `--info` reports a version mismatch; a
+read-only shipped cache serves and survives a compile on the serving path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from aiter.ops.conv3d_tables import CONV3D
+from aiter.ops.fmha_tables import FMHA_FP8
+from aiter.ops.gemm_tables import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16
+from aiter.ops.moe_tables import FMOE
+from tests.aot_cli import REPO
+
+pytestmark = pytest.mark.slow  # builds a wheel (and its cache)
+
+ROW = "gfx942,304,32,256,256,0,torch.bfloat16,torch.bfloat16,flydsl,0,,flydsl_a16w16_mfma_32x64x64"
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory):
+    work = tmp_path_factory.mktemp("wheel")
+    tables = work / "tables"
+    tables.mkdir()
+    for spec in (A8W8_BPRESHUFFLE, A8W8_BLOCKSCALE, FMOE, CONV3D, FMHA_FP8):
+        (tables / spec.name).write_text(",".join(spec.header) + "\n")
+    (tables / A16W16.name).write_text(",".join(A16W16.header) + f"\n{ROW}\n")
+    env = {**os.environ, "AITER_AOT": "1", "GPU_ARCHS": "gfx942", "AITER_CONFIG_DIR": str(tables)}
+    env.pop("FLYDSL_RUNTIME_CACHE_DIR", None)
+    command = [sys.executable, "-m", "pip", "wheel", ".", "--no-build-isolation", "--no-deps"]
+    proc = subprocess.run(
+        [*command, "-v", "-w", str(work / "dist")], cwd=REPO, env=env, capture_output=True,
+        text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    (path,) = (work / "dist").glob("aiter-*.whl")
+    site = work / "site"
+    install = [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(site)]
+    subprocess.run([*install, str(path)], check=True, capture_output=True)
+    return path, site, proc.stdout + proc.stderr
+
+
+def test_the_wheel_holds_the_cache_and_its_manifest(wheel):
+    path, _, log = wheel
+    names = zipfile.ZipFile(path).namelist()
+    assert "aiter/flydsl_cache/aiter_aot_manifest.json" in names
+    entries = [n for n in names if n.startswith("aiter/flydsl_cache/") and n.endswith(".pkl")]
+    assert entries and not [n for n in names if n.endswith((".lock", ".tmp"))]
+    assert "aiter: shipped cache gfx942: " in log
+
+
+SERVE = textwrap.dedent("""
+    import os, sys, torch
+    import aiter
+    from aiter.aot.flydsl import hooks
+    from aiter.aot.flydsl.dry_run import dry_run
+    print("aiter from", aiter.__file__)
+    print("cache", os.environ.get("FLYDSL_RUNTIME_CACHE_DIR"))
+    m, with_bias = int(sys.argv[1]), sys.argv[2:] == ["bias"]
+    with dry_run("gfx942", 304, hooks.MODE_COMPILE):
+        a = torch.empty((m, 256), dtype=torch.bfloat16, device="cuda")
+        b = torch.empty((256, 256), dtype=torch.bfloat16, device="cuda")
+        bias = torch.empty((256,), dtype=torch.bfloat16, device="cuda") if with_bias else None
+        aiter.gemm_a16w16(a, b, bias, out_dtype=torch.bfloat16)
+    print("served")
+    """)
+
+
+def _run(site: Path, args: list[str], tmp_path: Path, **env: str):
+    """A process that imports the installed wheel (not the repository), with `env` on top."""
+    script = tmp_path / "serve.py"
+    script.write_text(SERVE)
+    full = {k: v for k, v in os.environ.items() if k != "FLYDSL_RUNTIME_CACHE_DIR"}
+    full.update(PYTHONPATH=str(site), **env)
+    return subprocess.run(
+        [sys.executable, *args], cwd=tmp_path, env=full, capture_output=True, text=True,
+        timeout=600, check=False,
+    )  # fmt: skip
+
+
+def test_an_installed_wheel_serves_from_its_cache_alone(wheel, tmp_path):
+    _, site, _ = wheel
+    proc = _run(site, [str(tmp_path / "serve.py"), "20"], tmp_path, FLYDSL_RUNTIME_RUN_ONLY="1")
+    assert proc.returncode == 0 and "served" in proc.stdout, proc.stderr[-3000:]
+    assert f"aiter from {site}" in proc.stdout
+    assert f"cache {site / 'aiter' / 'flydsl_cache'}" in proc.stdout
+
+
+def test_the_users_cache_directory_wins(wheel, tmp_path):
+    _, site, _ = wheel
+    mine = tmp_path / "mine"
+    proc = _run(site, [str(tmp_path / "serve.py"), "20"], tmp_path, FLYDSL_RUNTIME_RUN_ONLY="1",
+                FLYDSL_RUNTIME_CACHE_DIR=str(mine))  # fmt: skip
+    assert proc.returncode != 0 and f"cache {mine}" in proc.stdout
+
+
+def test_info_names_the_shipped_cache_and_a_version_mismatch(wheel, tmp_path):
+    _, site, _ = wheel
+    info = ["-m", "aiter.aot.flydsl", "--info"]
+    proc = _run(site, info, tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert f"runtime cache: {site / 'aiter' / 'flydsl_cache'} (shipped)" in proc.stdout
+    assert "gfx942: gemm " in proc.stdout and "versions match" in proc.stdout
+    other = tmp_path / "other"
+    other.mkdir()
+    manifest = json.loads((site / "aiter/flydsl_cache/aiter_aot_manifest.json").read_text())
+    manifest["versions"]["flydsl"] = "0.0.1"
+    (other / "aiter_aot_manifest.json").write_text(json.dumps(manifest))
+    proc = _run(site, info, tmp_path, FLYDSL_RUNTIME_CACHE_DIR=str(other))
+    assert "VERSION MISMATCH flydsl: the cache was built with 0.0.1" in proc.stdout
+    assert "every lookup will miss" in proc.stdout
+
+
+def test_a_read_only_shipped_cache_serves_and_survives_a_compile(wheel, tmp_path, rocm_path):
+    _, site, _ = wheel
+    shipped = site / "aiter" / "flydsl_cache"
+    before = sorted(p.relative_to(shipped) for p in shipped.rglob("*"))
+    ro = {"AITER_CACHE_READONLY": "1", "AITER_CACHE_OVERLAY_DIR": str(tmp_path / "overlay")}
+    served = _run(site, [str(tmp_path / "serve.py"), "20"], tmp_path, FLYDSL_RUNTIME_RUN_ONLY="1",
+                  **ro)  # fmt: skip
+    assert served.returncode == 0, served.stderr[-3000:]
+    assert f"cache {tmp_path / 'overlay'}" in served.stdout
+    # With a bias the shape is not tabled and its kernel not shipped: the call compiles.
+    compiled = _run(
+        site, [str(tmp_path / "serve.py"), "20", "bias"], tmp_path, ROCM_PATH=rocm_path, **ro
+    )
+    assert compiled.returncode == 0, compiled.stderr[-3000:]
+    assert sorted(p.relative_to(shipped) for p in shipped.rglob("*")) == before
+    overlay_entries = [p for p in (tmp_path / "overlay").rglob("*.pkl") if not p.is_symlink()]
+    assert overlay_entries  # the new kernel landed in the overlay
