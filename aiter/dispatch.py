@@ -1,12 +1,11 @@
-"""Reports how each operator call was served: backend, kernel, and the table row or heuristic.
-
-Observers subscribe with `observe()`; with none, `report` returns before building anything.
+"""Reports how each operator call was served: backend, kernel, the table row or heuristic, and the
+call's arguments. Observers subscribe; with none, `report` returns before building anything.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,18 +15,47 @@ BACKEND_TORCH = "torch"
 
 @dataclass(frozen=True)
 class DispatchRecord:
+    """How one call was served. Records compare on how (op, backend, kernel, source, row,
+    params); `args` and `table` describe the call and where to tune it, for messages."""
+
     op: str  # public entry, e.g. "gemm_a16w16"
     backend: str  # BACKEND_FLYDSL or BACKEND_TORCH
     kernel: str | None  # kernel name as the table spells it, None for torch
     source: str  # "table" or "heuristic"
     row: str | None = None  # "file:line" of the table row, when one served the call
     params: dict[str, Any] = field(default_factory=dict)  # compile-time choices
+    # The call's arguments as text, argument name -> e.g. "bfloat16[32, 4096] row-major".
+    args: dict[str, str] = field(default_factory=dict, compare=False)
+    table: str | None = field(default=None, compare=False)  # the TableSpec's short name
 
 
-_observers: list[Callable[[DispatchRecord], None]] = []
+def tensor_arg(t: Any, layout: str | None = None) -> str:
+    """How a record shows a tensor argument: dtype, shape and layout, e.g.
+    "bfloat16[32, 4096] row-major"; None shows as "none"."""
+    if t is None:
+        return "none"
+    dtype = str(t.dtype).replace("torch.", "")
+    text = f"{dtype}[{', '.join(str(int(d)) for d in t.shape)}]"
+    if layout is None:
+        layout = "contiguous" if t.is_contiguous() else f"strides {tuple(t.stride())}"
+    return f"{text} {layout}" if layout else text
+
+
+def install_jit_monitor(record: DispatchRecord) -> None:
+    """The first observer of every process: the first report of any public entry installs the
+    JIT monitor (aiter.jit_monitor), which replaces this observer with its own only when its
+    settings need records. With the default settings later reports build nothing."""
+    from aiter import jit_monitor
+
+    jit_monitor.first_report(record)
+
+
+_observers: list[Callable[[DispatchRecord], None]] = [install_jit_monitor]
 
 
 def listening() -> bool:
+    """Whether a report builds its record now (so before the first report of a process, which
+    installs the JIT monitor)."""
     return bool(_observers)
 
 
@@ -38,6 +66,18 @@ def report(make_record: Callable[[], DispatchRecord]) -> None:
     record = make_record()
     for observer in list(_observers):
         observer(record)
+
+
+def subscribe(observer: Callable[[DispatchRecord], None]) -> None:
+    """Send every later record to `observer` until `unsubscribe(observer)`."""
+    if observer not in _observers:
+        _observers.append(observer)
+
+
+def unsubscribe(observer: Callable[[DispatchRecord], None]) -> None:
+    """Stop sending records to `observer` (nothing happens when it was not subscribed)."""
+    with suppress(ValueError):
+        _observers.remove(observer)
 
 
 @contextmanager

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from aiter import device
+from aiter import device, dispatch
 from aiter.ops import attention_plan
 
 __all__ = ["flash_attn_fp8"]
@@ -143,6 +143,7 @@ def flash_attn_fp8(
         raise NotImplementedError(
             f"flash_attn_fp8 has no FlyDSL kernel for {device.arch()} ({mma})"
         )
+
     # The split decision counts rows as batch * max_seqlen_q, the most a varlen call can hold, so
     # that it depends on (batch, lengths) alone and a ragged batch asks for the same kernels.
     choice = attention_plan.plan(
@@ -150,7 +151,13 @@ def flash_attn_fp8(
         head_dim=d, head_dim_v=dv, causal=bool(causal), cu_num=device.cu_num(),
         num_kv_splits=num_kv_splits,
     )  # fmt: skip
-    choice.report(layout="varlen" if varlen else "dense", return_lse=bool(return_lse))
+    def described() -> dict[str, str]:
+        shown = {n: dispatch.tensor_arg(t) for n, t in (("q", q), ("k", k), ("v", v))}
+        if varlen:
+            shown.update(max_seqlen_q=str(sq), max_seqlen_kv=str(sk), batch=str(batch))
+        return shown | {"causal": str(bool(causal)), "return_lse": str(bool(return_lse))}
+
+    choice.report(described, layout="varlen" if varlen else "dense", return_lse=bool(return_lse))
     out = torch.empty(out_shape, dtype=OUT_DTYPE, device=q.device)
     lse = torch.empty(lse_shape, dtype=LSE_DTYPE, device=q.device) if return_lse else None
     workspace_out = workspace_lse = None

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from aiter import dispatch
+from aiter.ops.fmha_tables import FMHA_FP8
 
 OP = "flash_attn_fp8"
 SHORT_QUERIES = 256  # query block 64 up to this many queries, 128 above
@@ -115,7 +116,9 @@ class AttnChoice:
             f"_r{self.rescale_threshold:g}{split}"
         )
 
-    def report(self, **params: object) -> None:
+    def report(self, args: Callable[[], dict[str, str]], **params: object) -> None:
+        """Tell aiter.dispatch how the call is served; `args` describes the call's arguments
+        (built only when someone listens)."""
         dispatch.report(
             lambda: dispatch.DispatchRecord(
                 OP,
@@ -130,6 +133,8 @@ class AttnChoice:
                     "interleave": self.interleave,
                     **params,
                 },
+                args=args(),
+                table=FMHA_FP8.short_name,
             )
         )
 

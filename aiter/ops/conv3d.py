@@ -132,49 +132,75 @@ def conv3d(
     )  # fmt: skip
     x_ndhwc = x if input_layout == "NDHWC" else x.permute(0, 2, 3, 4, 1)
 
+    def args() -> dict[str, str]:
+        return {
+            "x": dispatch.tensor_arg(x, input_layout),
+            "weight": dispatch.tensor_arg(weight),
+            "bias": dispatch.tensor_arg(bias),
+            "stride": str(stride),
+            "padding": str(padding),
+            "dilation": str(dilation),
+            "groups": str(groups),
+            "output_layout": output_layout,
+        }
+
     if (kt, kh, kw) == (1, 1, 1) and stride == (1, 1, 1) and padding == (0, 0, 0) and groups == 1:
         dispatch.report(
             lambda: dispatch.DispatchRecord(
                 conv3d_config.OP, dispatch.BACKEND_TORCH, None, "heuristic", None,
                 {"reason": "a 1x1x1 unit-stride unpadded ungrouped conv is a GEMM (torch.matmul)"},
+                args=args(),
             )  # fmt: skip
         )
         return _as_gemm(x_ndhwc, weight, bias, output_layout)
 
     served = conv3d_config.plan(geometry, bias is not None)
     if served.use_torch:
-        served.report()
+        served.report(args)
         x_ncdhw = x if input_layout == "NCDHW" else x.permute(0, 4, 1, 2, 3)
         y = torch.nn.functional.conv3d(x_ncdhw, weight, bias, stride, padding, dilation, groups)
         return _to_layout(y.permute(0, 2, 3, 4, 1), output_layout)
-    return _launch(x, input_layout, weight, bias, geometry, served, output_layout)
+    return _launch(x, input_layout, weight, bias, geometry, served, output_layout, args)
 
 
-def _padded_input(x: torch.Tensor, input_layout: str, groups: int) -> tuple[torch.Tensor, str]:
-    """x as the kernel reads it (contiguous NDHWC, channels padded per group), and how."""
+def _input_route(x: torch.Tensor, input_layout: str, groups: int) -> str:
+    """How x becomes what the kernel reads (contiguous NDHWC, channels padded per group)."""
     from aiter.ops.flydsl import conv3d as kernels
 
     if input_layout == "NDHWC" and kernels.ndhwc_input_ready(x, groups):
-        return x, "as is"
+        return "as is"
     if (
         input_layout == "NCDHW"
         and x.is_contiguous()
         and kernels.pretranspose_supported(tuple(x.shape), groups)
     ):
+        return "pre-transpose kernel"
+    return "torch permute"
+
+
+def _padded_input(x: torch.Tensor, input_layout: str, groups: int, route: str) -> torch.Tensor:
+    """x as the kernel reads it, prepared as `route` (from _input_route) says."""
+    from aiter.ops.flydsl import conv3d as kernels
+
+    if route == "as is":
+        return x
+    if route == "pre-transpose kernel":
         n, c, d, h, w = (int(v) for v in x.shape)
         cgp = kernels.padded_channels(c // groups)
         out = torch.empty((n, d, h, w, groups * cgp), dtype=x.dtype, device=x.device)
         kernels.launch_conv3d_pretranspose(x, out, groups=groups, stream=device.current_stream())
-        return out, "pre-transpose kernel"
-    return kernels.to_padded_ndhwc_torch(x, groups, input_layout), "torch permute"
+        return out
+    return kernels.to_padded_ndhwc_torch(x, groups, input_layout)
 
 
-def _launch(x, input_layout, weight, bias, geometry, served, output_layout) -> torch.Tensor:
+def _launch(x, input_layout, weight, bias, geometry, served, output_layout, args) -> torch.Tensor:
     from aiter.ops.flydsl import conv3d as kernels
 
     choice = served.choice
-    x_padded, how = _padded_input(x, input_layout, geometry.groups)
-    served.report(input=how, output_layout=output_layout)
+    # Reported before the pre-transpose kernel launches: a miss there names this call.
+    how = _input_route(x, input_layout, geometry.groups)
+    served.report(args, input=how, output_layout=output_layout)
+    x_padded = _padded_input(x, input_layout, geometry.groups, how)
     g = geometry
     out = torch.empty(g.out_shape(output_layout), dtype=x.dtype, device=x.device)
     workspace = None

@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,14 +134,26 @@ class ConvPlan:
     def use_torch(self) -> bool:
         return self.choice is None
 
-    def report(self, **params: object) -> None:
-        dispatch.report(lambda: self._record(params))
+    def report(self, args: Callable[[], dict[str, str]] | None = None, **params: object) -> None:
+        """Tell aiter.dispatch how the call is served; `args` describes the call's arguments."""
+        dispatch.report(lambda: self._record(params, args))
 
-    def _record(self, params: dict[str, object]) -> dispatch.DispatchRecord:
+    def _record(
+        self, params: dict[str, object], args: Callable[[], dict[str, str]] | None = None
+    ) -> dispatch.DispatchRecord:
         row = f"{self.row.source}:{self.row.line}" if self.row is not None else None
         source = "table" if self.row is not None else "heuristic"
+        described = args() if args is not None else {}
         if self.choice is None:
-            return dispatch.DispatchRecord(OP, dispatch.BACKEND_TORCH, None, source, row)
+            return dispatch.DispatchRecord(
+                OP,
+                dispatch.BACKEND_TORCH,
+                None,
+                source,
+                row,
+                args=described,
+                table=CONV3D.short_name,
+            )
         return dispatch.DispatchRecord(
             OP,
             dispatch.BACKEND_FLYDSL,
@@ -148,6 +161,8 @@ class ConvPlan:
             source,
             row,
             {"match": self.match, "split_k": self.choice.split_k, **params},
+            args=described,
+            table=CONV3D.short_name,
         )
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from aiter import device
+from aiter import device, dispatch
 from aiter.ops import gemm_config, gemm_tables
 from aiter.ops.flydsl.gemm_a16w16 import K_MULTIPLE, N_MULTIPLE, launch_gemm_a16w16
 from aiter.ops.gemm_plan import plan
@@ -81,8 +81,17 @@ def gemm_a16w16(
         "outdtype": str(out_dtype),
     }
     served = plan("gemm_a16w16", A16W16, gemm_config.A16W16, key, m, n, k)
+
+    def args() -> dict[str, str]:
+        return {
+            "A": dispatch.tensor_arg(A, "row-major"),
+            "B": dispatch.tensor_arg(B, "row-major"),
+            "bias": dispatch.tensor_arg(bias),
+            "out_dtype": str(out_dtype).replace("torch.", ""),
+        }
+
     if served.use_torch:
-        served.report()
+        served.report(args)
         out = torch.matmul(A, B.mT).to(out_dtype)
         return out + bias if bias is not None else out
     if n % N_MULTIPLE or k % K_MULTIPLE:
@@ -90,22 +99,23 @@ def gemm_a16w16(
             f"gemm_a16w16 FlyDSL kernels need N % {N_MULTIPLE} == 0 and K % {K_MULTIPLE} == 0, "
             f"got N={n}, K={k}"
         )
-    served.report()
-    choice = served.choice
-    mma = choice.mma
-    out = torch.empty((m, n), dtype=out_dtype, device=A.device)
-    workspace = None
-    if choice.split_k > 1:
-        workspace = torch.empty((choice.split_k, m, n), dtype=torch.float32, device=A.device)
-    launch_gemm_a16w16(
-        A,
-        B,
-        bias,
-        out,
-        workspace,
-        tile=choice.tile,
-        split_k=choice.split_k,
-        mma=mma,
-        stream=device.current_stream(),
-    )
-    return out
+
+    def launch(choice: gemm_config.KernelChoice) -> torch.Tensor:
+        out = torch.empty((m, n), dtype=out_dtype, device=A.device)
+        workspace = None
+        if choice.split_k > 1:
+            workspace = torch.empty((choice.split_k, m, n), dtype=torch.float32, device=A.device)
+        launch_gemm_a16w16(
+            A,
+            B,
+            bias,
+            out,
+            workspace,
+            tile=choice.tile,
+            split_k=choice.split_k,
+            mma=choice.mma,
+            stream=device.current_stream(),
+        )
+        return out
+
+    return served.launch(launch, args)

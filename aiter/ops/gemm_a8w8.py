@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from aiter import device
+from aiter import device, dispatch
 from aiter.ops import gemm_config, gemm_tables
 from aiter.ops.flydsl.gemm_a8w8 import (
     BLOCKSCALE_BLOCK,
@@ -85,30 +85,48 @@ def _validate(XQ, WQ, out_dtype, allow_int8: bool) -> tuple[int, int, int]:
     return m, n, k
 
 
-def _launch(launcher, served: Plan, XQ, WQ, x_scale, w_scale, out_dtype) -> torch.Tensor:
-    """Allocate the output and, for split-K, the workspace and semaphore; launch the kernel."""
-    choice = served.choice
+def _launch(launcher, served: Plan, XQ, WQ, x_scale, w_scale, out_dtype, args) -> torch.Tensor:
+    """Report, then allocate the output and, for split-K, the workspace and semaphore; launch."""
     m, n = XQ.shape[0], WQ.shape[0]
-    out = torch.empty((m, n), dtype=out_dtype, device=XQ.device)
-    workspace = semaphore = None
-    if choice.split_k > 1:
-        workspace = torch.empty((choice.split_k, m, n), dtype=WORKSPACE_DTYPE, device=XQ.device)
-        slots = semaphore_size(m, n, choice.tile)
-        semaphore = torch.zeros((slots,), dtype=SEMAPHORE_DTYPE, device=XQ.device)
-    launcher(
-        XQ,
-        WQ,
-        x_scale,
-        w_scale,
-        out,
-        workspace,
-        semaphore,
-        tile=choice.tile,
-        split_k=choice.split_k,
-        mma=choice.mma,
-        stream=device.current_stream(),
-    )
-    return out
+
+    def launch(choice: gemm_config.KernelChoice) -> torch.Tensor:
+        out = torch.empty((m, n), dtype=out_dtype, device=XQ.device)
+        workspace = semaphore = None
+        if choice.split_k > 1:
+            workspace = torch.empty((choice.split_k, m, n), dtype=WORKSPACE_DTYPE, device=XQ.device)
+            slots = semaphore_size(m, n, choice.tile)
+            semaphore = torch.zeros((slots,), dtype=SEMAPHORE_DTYPE, device=XQ.device)
+        launcher(
+            XQ,
+            WQ,
+            x_scale,
+            w_scale,
+            out,
+            workspace,
+            semaphore,
+            tile=choice.tile,
+            split_k=choice.split_k,
+            mma=choice.mma,
+            stream=device.current_stream(),
+        )
+        return out
+
+    return served.launch(launch, args)
+
+
+def _args(XQ, WQ, x_scale, w_scale, out_dtype, weight_layout: str):
+    """The call's arguments as dispatch records show them (built only when someone listens)."""
+
+    def args() -> dict[str, str]:
+        return {
+            "XQ": dispatch.tensor_arg(XQ, "row-major"),
+            "WQ": dispatch.tensor_arg(WQ, weight_layout),
+            "x_scale": dispatch.tensor_arg(x_scale),
+            "w_scale": dispatch.tensor_arg(w_scale),
+            "out_dtype": str(out_dtype).replace("torch.", ""),
+        }
+
+    return args
 
 
 def gemm_a8w8_bpreshuffle(
@@ -135,8 +153,10 @@ def gemm_a8w8_bpreshuffle(
         )
     key = {"N": n, "K": k, "q_dtype_w": str(WQ.dtype)}
     served = plan("gemm_a8w8_bpreshuffle", A8W8_BPRESHUFFLE, gemm_config.BPRESHUFFLE, key, m, n, k)
+    layout = f"preshuffled {layout_n}x{layout_k}"
+    args = _args(XQ, WQ, x_scale, w_scale, out_dtype, layout)
     if served.use_torch:
-        served.report()
+        served.report(args)
         plain = unshuffle_weight(WQ, BPRESHUFFLE_LAYOUT)
         acc = torch.matmul(XQ.to(torch.float32), plain.to(torch.float32).mT)
         return (acc * x_scale * w_scale).to(out_dtype)
@@ -145,8 +165,7 @@ def gemm_a8w8_bpreshuffle(
             f"gemm_a8w8_bpreshuffle FlyDSL kernels need N % {BPRESHUFFLE_N_MULTIPLE} == 0 and "
             f"K % {BPRESHUFFLE_K_MULTIPLE} == 0, got N={n}, K={k}"
         )
-    served.report()
-    return _launch(launch_gemm_a8w8_bpreshuffle, served, XQ, WQ, x_scale, w_scale, out_dtype)
+    return _launch(launch_gemm_a8w8_bpreshuffle, served, XQ, WQ, x_scale, w_scale, out_dtype, args)
 
 
 def gemm_a8w8_blockscale(
@@ -174,10 +193,11 @@ def gemm_a8w8_blockscale(
     _check_tensor("w_scale", w_scale, (SCALE_DTYPE,), w_shape)
     key = {"N": n, "K": k}
     served = plan("gemm_a8w8_blockscale", A8W8_BLOCKSCALE, gemm_config.BLOCKSCALE, key, m, n, k)
-    served.report()
+    args = _args(XQ, WQ, x_scale, w_scale, out_dtype, "row-major")
     if served.use_torch:
+        served.report(args)
         x = XQ.to(torch.float32) * x_scale.repeat_interleave(block, dim=1)
         w_scale_full = w_scale.repeat_interleave(block, dim=0).repeat_interleave(block, dim=1)
         w = WQ.to(torch.float32) * w_scale_full
         return torch.matmul(x, w.mT).to(out_dtype)
-    return _launch(launch_gemm_a8w8_blockscale, served, XQ, WQ, x_scale, w_scale, out_dtype)
+    return _launch(launch_gemm_a8w8_blockscale, served, XQ, WQ, x_scale, w_scale, out_dtype, args)

@@ -17,6 +17,7 @@ from aiter.ops.flydsl.gemm_a16w16 import SUPPORTED_TILES as A16W16_TILES
 
 MAX_SPLIT_K = 8
 MIN_K_TILES_PER_SPLIT = 4  # a split shorter than this costs more in reduction than it saves
+SPLIT_KS = tuple(1 << i for i in range(MAX_SPLIT_K.bit_length()))  # 1, 2, 4, 8: what fallbacks try
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -124,6 +125,26 @@ class KernelFamily:
         if split_k <= 0:
             split_k = self.heuristic_split_k(m, n, k, cu_num, tile)
         return KernelChoice(self, mma, tile, split_k)
+
+    def equivalent_choices(
+        self, choice: KernelChoice, m: int, n: int, k: int, cu_num: int
+    ) -> list[KernelChoice]:
+        """Kernels that compute what `choice` computes, in the order a fallback tries them:
+        `choice`'s tile with split_k 1, then with the other SPLIT_KS, then the heuristic's
+        tile and split-K (`choice` itself left out).
+
+        Every kernel of a family takes the same inputs and writes the same output for any tile
+        and split_k (the launchers' contracts); the tile and split-K change only how the K sum
+        is blocked and in which order its fp32 partial sums are added. So the result is the
+        same product, equal to the planned kernel's up to that rounding, as between two rows.
+        """
+        variants = [KernelChoice(self, choice.mma, choice.tile, s) for s in SPLIT_KS]
+        variants.append(self.choose(m, n, k, cu_num, choice.mma, None, 0))
+        unique: list[KernelChoice] = []
+        for variant in variants:
+            if variant != choice and variant not in unique:
+                unique.append(variant)
+        return unique
 
 
 A16W16 = KernelFamily(gemm_tables.A16W16_KERNELS, A16W16_TILES)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from aiter import device
+from aiter import device, dispatch
 from aiter.ops import moe_host
 from aiter.ops.moe_config import MoeChoice, MoeShape, plan
 
@@ -173,6 +173,24 @@ def moe_sorting(
         raise TypeError(f"moebuf_dtype must be a torch.dtype, got {moebuf_dtype!r}")
     _expert_mask(expert_mask, num_experts)
     _local_tokens(num_local_tokens)
+
+    def record() -> dispatch.DispatchRecord:
+        args = {
+            "topk_ids": dispatch.tensor_arg(topk_ids),
+            "topk_weights": dispatch.tensor_arg(topk_weights),
+            "num_experts": str(num_experts),
+            "model_dim": str(model_dim),
+            "moebuf_dtype": str(moebuf_dtype).replace("torch.", ""),
+            "block_size": str(block_size),
+            "expert_mask": dispatch.tensor_arg(expert_mask),
+            "num_local_tokens": dispatch.tensor_arg(num_local_tokens),
+        }
+        return dispatch.DispatchRecord(
+            "moe_sorting", dispatch.BACKEND_FLYDSL, "moe_sorting", "heuristic", None,
+            {"block_size": block_size}, args=args,
+        )  # fmt: skip
+
+    dispatch.report(record)
     sorted_ = _sort(
         topk_ids, topk_weights, num_experts, block_size, expert_mask, num_local_tokens, m, topk
     )
@@ -290,7 +308,26 @@ def fused_moe(
     _local_tokens(num_local_tokens)
 
     served = plan(shape, m)
-    served.report()
+
+    def args() -> dict[str, str]:
+        tensors = {
+            "hidden_states": hidden_states, "w1": w1, "w2": w2, "topk_weights": topk_weights,
+            "topk_ids": topk_ids, "w1_scale": w1_scale, "w2_scale": w2_scale, "bias1": bias1,
+            "bias2": bias2, "expert_mask": expert_mask, "num_local_tokens": num_local_tokens,
+        }  # fmt: skip
+        described = {name: dispatch.tensor_arg(t) for name, t in tensors.items() if t is not None}
+        if shape.quantized:
+            described["w1"] = dispatch.tensor_arg(w1, "preshuffled")
+            described["w2"] = dispatch.tensor_arg(w2, "preshuffled")
+        return {
+            **described,
+            "activation": activation,
+            "quant_type": str(quant_type),
+            "gate_mode": gate_mode,
+            "doweight_stage1": str(bool(doweight_stage1)),
+        }
+
+    served.report(args)
     choice = served.choice
     sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids = _sort(
         topk_ids, topk_weights, shape.experts, choice.block_m, expert_mask, num_local_tokens,

@@ -5,7 +5,7 @@ fallback tiers), its kernel names, else the C++ planner's block size and K split
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from aiter import device, dispatch
@@ -84,10 +84,11 @@ class MoePlan:
     row: Row | None
     choice: MoeChoice
 
-    def report(self) -> None:
-        dispatch.report(self._record)
+    def report(self, args: Callable[[], dict[str, str]] | None = None) -> None:
+        """Tell aiter.dispatch how the call is served; `args` describes the call's arguments."""
+        dispatch.report(lambda: self._record(args))
 
-    def _record(self) -> dispatch.DispatchRecord:
+    def _record(self, args: Callable[[], dict[str, str]] | None = None) -> dispatch.DispatchRecord:
         c = self.choice
         return dispatch.DispatchRecord(
             OP,
@@ -101,6 +102,8 @@ class MoePlan:
                 "ksplit": c.ksplit,
                 "stage2_mode": c.stage2_mode,
             },
+            args=args() if args is not None else {},
+            table=moe_tables.FMOE.short_name,
         )
 
 

@@ -1,5 +1,6 @@
-"""Every use of FlyDSL internals by the AOT builder, and the one place FlyDSL's environment
-variable names are spelled. FlyDSL is imported lazily; `self_test()` catches moved internals.
+"""Every use of FlyDSL internals (by the AOT builder, and by the serving JIT monitor and
+fallback), and the one place FlyDSL's environment variable names are spelled. FlyDSL is imported
+lazily; `self_test()` and `serving_self_test()` catch moved internals.
 """
 
 from __future__ import annotations
@@ -7,13 +8,14 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import sys
 import threading
 from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, Protocol
 
 TESTED_FLYDSL = "0.4.2"
 MODE_NAME = "name"  # record the kernels a call needs, compile nothing
@@ -77,6 +79,13 @@ def target_env(arch: str) -> dict[str, str]:
     return {ENV_ARCH: arch, ENV_GPU_ARCH: arch, ENV_COMPILE_ONLY: "1"}
 
 
+def run_only_from_env(environ: Mapping[str, str] | None = None) -> bool:
+    """Whether FLYDSL_RUNTIME_RUN_ONLY is on in `environ` (default os.environ), as FlyDSL reads
+    a boolean: 1, true, yes or on, in any case."""
+    env = os.environ if environ is None else environ
+    return env.get(ENV_RUN_ONLY, "").lower() in ("1", "true", "yes", "on")
+
+
 def cache_dir_from_env(environ: Mapping[str, str] | None = None) -> str:
     """FlyDSL's cache root for `environ` (default os.environ), without importing FlyDSL.
 
@@ -100,6 +109,7 @@ class KernelRequest:
     cache_dir: str  # <cache root>/<function>_<manager key>
     key: str  # FlyDSL's full cache key
     params: tuple[tuple[str, str], ...] = ()  # compile-time parameters, for reports
+    module: str = field(default="", compare=False)  # the Python module defining `function`
 
     @property
     def file_name(self) -> str:
@@ -390,6 +400,205 @@ def guard_kernel_execution(raise_reached) -> Iterator[None]:
         yield
     finally:
         jf._build_call_state = original
+
+
+# --- serving: what the JIT monitor (aiter.jit_monitor) and the AOT fallback use ---
+
+# How FlyDSL's error on a miss under FLYDSL_RUNTIME_RUN_ONLY=1 begins (serving_self_test finds it).
+RUN_ONLY_MISS = f"{ENV_RUN_ONLY}=1 but no usable AOT cache for "
+AOT_BUILD_MAIN = "aiter.aot.flydsl.replay"  # the builder's per-arch process, run with python -m
+# JitFunction internals the serving hooks use, beside those of _REQUIRED.
+_SERVING_REQUIRED = (
+    "JitFunction.__call__",
+    "JitFunction._trace_and_compile",
+    "JitFunction._split_self",
+    "JitFunction._ensure_cache_manager",
+    "JitFunction._snapshot_or_check_globals",
+    "JitFunction._effective_compile_hints",
+    "JitFunction._build_full_cache_key",
+    "JitFunction._cache_key_to_str",
+)
+
+
+class CompileListener(Protocol):
+    """What the serving hooks tell about kernels the cache does not hold."""
+
+    def compiling(self, request: KernelRequest) -> None:
+        """FlyDSL is about to compile `request` (a cache miss); raise to refuse the compile."""
+
+    def run_only_miss(self, request: KernelRequest, error: RuntimeError) -> BaseException | None:
+        """FlyDSL refused to compile `request` under FLYDSL_RUNTIME_RUN_ONLY=1 with `error`;
+        return the exception to raise in its place (chained to it), or None to raise `error`."""
+
+
+_listener: CompileListener | None = None
+_serving_installed = False
+_install_lock = threading.Lock()
+_serving = threading.local()
+
+
+def _serving_state() -> threading.local:
+    if not hasattr(_serving, "launches"):
+        _serving.launches = []  # (jit function, args, kwargs) of the launches under way
+        _serving.naming = None  # the list name_launches() fills, None outside it
+    return _serving
+
+
+def in_aot_build() -> bool:
+    """Whether this process is the AOT builder's per-arch process (`python -m
+    aiter.aot.flydsl.replay`) or one of the workers it forks: there compiling is the point."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", None) == AOT_BUILD_MAIN
+
+
+def serving_self_test() -> None:
+    """Raise ReplayHookBroken unless every FlyDSL internal the serving hooks use is in place."""
+    jf = _jit()
+    missing = [p for p in _SERVING_REQUIRED if not hasattr(jf.JitFunction, p.split(".", 1)[1])]
+    if missing:
+        raise ReplayHookBroken(
+            f"flydsl {flydsl_version()} moved internals the JIT monitor uses: {', '.join(missing)}"
+            f" (hooks were written against {TESTED_FLYDSL}); update aiter/aot/flydsl/hooks.py"
+        )
+    if _serving_installed:
+        return  # the methods checked below are the hooks' own by now
+    found = list(inspect.signature(jf.JitFunction._trace_and_compile).parameters)
+    if found[:5] != ["self", "ctx", "sig", "bound", "bound_self"]:
+        raise ReplayHookBroken(
+            f"flydsl {flydsl_version()}: JitFunction._trace_and_compile takes {found}, the JIT "
+            "monitor expects ['self', 'ctx', 'sig', 'bound', 'bound_self', ...]; update "
+            "aiter/aot/flydsl/hooks.py"
+        )
+    try:
+        source = inspect.getsource(jf)
+    except (OSError, TypeError):  # an install without sources: nothing to check against
+        source = RUN_ONLY_MISS
+    if RUN_ONLY_MISS.split("=1 ", 1)[1] not in source:
+        raise ReplayHookBroken(
+            f"flydsl {flydsl_version()} words its {ENV_RUN_ONLY}=1 miss differently (aiter looks"
+            f" for {RUN_ONLY_MISS!r}); update aiter/aot/flydsl/hooks.py"
+        )
+
+
+def _request_of(jit_fn: Any, args: tuple, kwargs: dict) -> KernelRequest:
+    """The cache entry a launch of `jit_fn` with these arguments uses, keyed exactly as
+    JitFunction._compile_or_execute keys it; nothing is compiled or run."""
+    bound_self, call_args = jit_fn._split_self(args)
+    owner_cls = type(bound_self) if bound_self is not None else None
+    jit_fn._ensure_cache_manager(owner_cls)
+    jit_fn._snapshot_or_check_globals(owner_cls)
+    bound = jit_fn._sig.bind(*call_args, **kwargs)
+    bound.apply_defaults()
+    key = jit_fn._build_full_cache_key(
+        bound.arguments,
+        owner_cls=owner_cls,
+        bound_self=bound_self,
+        effective_hints=jit_fn._effective_compile_hints(),
+    )
+    manager = jit_fn.cache_manager
+    return KernelRequest(
+        jit_fn.func.__name__,
+        str(manager.cache_dir) if manager is not None else "",
+        jit_fn._cache_key_to_str(key),
+        _compile_time_params(jit_fn, call_args, kwargs),
+        module=getattr(jit_fn.func, "__module__", None) or "",
+    )
+
+
+def _compiling_request(jit_fn: Any, bound: Any) -> KernelRequest:
+    """The request a compile is for: named from its launch when one is under way, else (a
+    compile reached without a call, e.g. flyc.compile) from its Constexpr values alone."""
+    from flydsl.expr.typing import Constexpr
+
+    for fn, args, kwargs in reversed(_serving_state().launches):
+        if fn is jit_fn:
+            return _request_of(fn, args, kwargs)
+    signature = jit_fn._sig
+    params = tuple(
+        (name, repr(value))
+        for name, value in bound.arguments.items()
+        if Constexpr.is_constexpr_annotation(signature.parameters[name].annotation)
+    )
+    manager = jit_fn.cache_manager
+    return KernelRequest(
+        jit_fn.func.__name__,
+        str(manager.cache_dir) if manager is not None else "",
+        "",
+        params,
+        module=getattr(jit_fn.func, "__module__", None) or "",
+    )
+
+
+def _install_serving_hooks() -> None:
+    """Wrap JitFunction.__call__ (launches, naming, run-only misses) and _trace_and_compile
+    (compiles), once per process. The AOT replay patches other methods (get, compile_lock,
+    _compile_or_execute) for the length of a block, so the two never undo each other."""
+    global _serving_installed
+    with _install_lock:
+        if _serving_installed:
+            return
+        serving_self_test()
+        jf = _jit()
+        from flydsl._mlir import ir
+
+        original_call = jf.JitFunction.__call__
+        original_trace = jf.JitFunction._trace_and_compile
+
+        def call(self, *args, **kwargs):
+            state = _serving_state()
+            if state.naming is not None and ir.Context.current is None:
+                state.naming.append(_request_of(self, args, kwargs))
+                return None
+            listener = _listener
+            if listener is None:
+                return original_call(self, *args, **kwargs)
+            state.launches.append((self, args, kwargs))
+            try:
+                return original_call(self, *args, **kwargs)
+            except RuntimeError as err:
+                if not str(err).startswith(RUN_ONLY_MISS):
+                    raise
+                replacement = listener.run_only_miss(_request_of(self, args, kwargs), err)
+                if replacement is None:
+                    raise
+                raise replacement from err
+            finally:
+                state.launches.pop()
+
+        def trace_and_compile(self, ctx, sig, bound, bound_self, **options):
+            listener = _listener
+            if listener is not None:
+                listener.compiling(_compiling_request(self, bound))
+            return original_trace(self, ctx, sig, bound, bound_self, **options)
+
+        jf.JitFunction.__call__ = call
+        jf.JitFunction._trace_and_compile = trace_and_compile
+        _serving_installed = True
+
+
+def watch_compiles(listener: CompileListener | None) -> None:
+    """Tell `listener` of every FlyDSL compile and every FLYDSL_RUNTIME_RUN_ONLY=1 miss in this
+    process (None: tell no one). The hooks are installed at the first listener and stay; with
+    no listener a launch costs one extra Python call."""
+    global _listener
+    if listener is not None:
+        _install_serving_hooks()
+    _listener = listener
+
+
+@contextmanager
+def name_launches() -> Iterator[list[KernelRequest]]:
+    """Name the FlyDSL kernels launched inside the block, compiling and running nothing: every
+    jit call returns None once its cache entry is named (FlyDSL's own key, so
+    `KernelRequest.exists()` says whether the cache holds it). Host code in the block must not
+    use what a launch returns. Nests inside record_launches without adding to its list."""
+    _install_serving_hooks()
+    state = _serving_state()
+    previous, state.naming = state.naming, []
+    try:
+        yield state.naming
+    finally:
+        state.naming = previous
 
 
 # --- code objects in cache entries ---
