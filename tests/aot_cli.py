@@ -72,3 +72,29 @@ def start_aot(module: str, *args: str, env: dict[str, str] | None = None, **pope
     return subprocess.Popen(
         [sys.executable, "-m", module, *args], cwd=REPO, env=aot_env(env), **popen
     )
+
+
+def replay_reports(module: str, env: dict[str, str], report: Path, *args: str):
+    """`run_aot(module, *args, --report report)`: the process and its ArchReports by arch."""
+    proc = run_aot(module, *args, "--report", str(report), env=env)
+    reports = read_report(report) if report.is_file() else []
+    return proc, {r.arch: r for r in reports}
+
+
+def serve_from_cache(
+    source: str, args: Sequence[str], env: dict[str, str], cache: Path, work: Path
+) -> subprocess.CompletedProcess:
+    """Run the script `source` with `args` as a serving process would: FlyDSL reads `cache` only
+    (FLYDSL_RUNTIME_RUN_ONLY=1, so any miss raises), the repository importable."""
+    script = work / "serve.py"
+    script.write_text(source)
+    full = {**aot_env(env), "FLYDSL_RUNTIME_CACHE_DIR": str(cache), "FLYDSL_RUNTIME_RUN_ONLY": "1"}
+    return subprocess.run(
+        [sys.executable, str(script), *args],
+        cwd=REPO,
+        env=full,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )

@@ -9,9 +9,7 @@ must find along the frame axis.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -19,7 +17,7 @@ import pytest
 
 from aiter.aot.flydsl.protocol import ArchReport, JobResult
 from aiter.ops.conv3d_tables import CONV3D
-from tests.aot_cli import REPO, read_report, run_aot
+from tests.aot_cli import replay_reports, serve_from_cache
 
 pytestmark = pytest.mark.slow  # builds a conv3d cache for two archs
 
@@ -45,6 +43,8 @@ ROWS = [
     _row("gfx1250", 256),
 ]
 
+EXTRA_ARGS = ()
+
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
@@ -55,9 +55,7 @@ def setup(tmp_path_factory):
 
 
 def _replay(env, report: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    proc = run_aot(MODULE, *args, "--report", str(report), env=env)
-    reports = read_report(report) if report.is_file() else []
-    return proc, {r.arch: r for r in reports}
+    return replay_reports(MODULE, env, report, *EXTRA_ARGS, *args)
 
 
 @pytest.fixture(scope="module")
@@ -161,24 +159,8 @@ SERVE = textwrap.dedent("""
 
 
 def _serve(env: dict, cache: Path, arch: str, seed: int, cases: int, tmp_path: Path):
-    script = tmp_path / "serve.py"
-    script.write_text(SERVE)
-    full = {
-        **os.environ,
-        **env,
-        "PYTHONPATH": str(REPO),
-        "FLYDSL_RUNTIME_CACHE_DIR": str(cache),
-        "FLYDSL_RUNTIME_RUN_ONLY": "1",
-    }
-    return subprocess.run(
-        [sys.executable, str(script), arch, str(ARCHS[arch]), str(seed), str(cases)],
-        cwd=REPO,
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    args = [arch, str(ARCHS[arch]), str(seed), str(cases)]
+    return serve_from_cache(SERVE, args, env, cache, tmp_path)
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))

@@ -259,7 +259,10 @@ def test_summary_counts_no_missing_kernel_for_a_module_without_findings(first, a
 def test_unknown_module_lists_the_registered_ones(first):
     proc = first["nope"]
     assert proc.returncode == 2, proc.stdout + proc.stderr
-    assert "--module nope: no such AOT module; registered: axis, conv3d, fmha_fp8, gemm, grid, moe" in (proc.stderr)
+    assert (
+        "--module nope: no such AOT module; registered: axis, conv3d, fmha_fp8, gemm, grid, moe"
+        in (proc.stderr)
+    )
 
 
 def test_module_takes_the_name_reports_use(setup):

@@ -5,9 +5,7 @@ would run `python -m aiter.aot.flydsl.fmha_fp8`.
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -15,7 +13,7 @@ import pytest
 
 from aiter.aot.flydsl.protocol import ArchReport
 from aiter.ops.fmha_tables import FMHA_FP8
-from tests.aot_cli import REPO, read_report, run_aot
+from tests.aot_cli import replay_reports, serve_from_cache
 
 pytestmark = pytest.mark.slow  # builds an attention cache
 
@@ -24,6 +22,8 @@ ROWS = [
     "gfx942,304,8,1,128,128,dense,1,4,1024,test",
     "gfx942,304,8,1,128,128,varlen,1,4,1024,test",
 ]
+
+EXTRA_ARGS = ()
 
 
 @pytest.fixture(scope="module")
@@ -35,9 +35,7 @@ def setup(tmp_path_factory):
 
 
 def _replay(env, report: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    proc = run_aot(MODULE, *args, "--report", str(report), env=env)
-    reports = read_report(report) if report.is_file() else []
-    return proc, {r.arch: r for r in reports}
+    return replay_reports(MODULE, env, report, *EXTRA_ARGS, *args)
 
 
 @pytest.fixture(scope="module")
@@ -124,24 +122,7 @@ SERVE = textwrap.dedent("""
 
 
 def _serve(env: dict, cache: Path, seed: int, cases: int, tmp_path: Path):
-    script = tmp_path / "serve.py"
-    script.write_text(SERVE)
-    full = {
-        **os.environ,
-        **env,
-        "PYTHONPATH": str(REPO),
-        "FLYDSL_RUNTIME_CACHE_DIR": str(cache),
-        "FLYDSL_RUNTIME_RUN_ONLY": "1",
-    }
-    return subprocess.run(
-        [sys.executable, str(script), str(seed), str(cases)],
-        cwd=REPO,
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    return serve_from_cache(SERVE, [str(seed), str(cases)], env, cache, tmp_path)
 
 
 def test_random_calls_are_served_from_the_cache_alone(built, setup, tmp_path):

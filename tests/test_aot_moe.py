@@ -7,9 +7,7 @@ at 305 tokens, inside the padded bucket of 512: the replay must find that withou
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import pytest
 
 from aiter.aot.flydsl.protocol import ArchReport, JobResult
 from aiter.ops.moe_tables import FMOE
-from tests.aot_cli import REPO, read_report, run_aot
+from tests.aot_cli import replay_reports, serve_from_cache
 
 pytestmark = pytest.mark.slow  # builds a MoE cache for two archs
 
@@ -44,6 +42,8 @@ ROWS = [
     _row("gfx1250", 256, 512, "ActivationType.Silu"),
 ]
 
+EXTRA_ARGS = ("--max-tokens", MAX_TOKENS)
+
 
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
@@ -54,9 +54,7 @@ def setup(tmp_path_factory):
 
 
 def _replay(env, report: Path, *args: str) -> tuple[subprocess.CompletedProcess, dict]:
-    proc = run_aot(MODULE, *args, "--max-tokens", MAX_TOKENS, "--report", str(report), env=env)
-    reports = read_report(report) if report.is_file() else []
-    return proc, {r.arch: r for r in reports}
+    return replay_reports(MODULE, env, report, *EXTRA_ARGS, *args)
 
 
 @pytest.fixture(scope="module")
@@ -179,25 +177,8 @@ SERVE = textwrap.dedent("""
 
 
 def _serve(env: dict, cache: Path, arch: str, seed: int, cases: int, tmp_path: Path):
-    script = tmp_path / "serve.py"
-    script.write_text(SERVE)
-    full = {
-        **os.environ,
-        **env,
-        "PYTHONPATH": str(REPO),
-        "FLYDSL_RUNTIME_CACHE_DIR": str(cache),
-        "FLYDSL_RUNTIME_RUN_ONLY": "1",
-    }
     args = [arch, str(ARCHS[arch]), str(seed), str(cases)]
-    return subprocess.run(
-        [sys.executable, str(script), *args],
-        cwd=REPO,
-        env=full,
-        capture_output=True,
-        text=True,
-        timeout=600,
-        check=False,
-    )
+    return serve_from_cache(SERVE, args, env, cache, tmp_path)
 
 
 @pytest.mark.parametrize("arch", list(ARCHS))
