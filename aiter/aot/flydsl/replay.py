@@ -188,7 +188,8 @@ class _Scheduler:
         self.heap: list[tuple[float, int, CompileTask]] = []
         self.serial = 0
         self.to_compile: set[str] = set()
-        self.kernels_compiled = 0
+        # Distinct entries written: two tasks sharing a kernel (a combine kernel) may both write it.
+        self.compiled_files: set[str] = set()
 
     def name_here(self, index: int) -> None:
         job = self.jobs[index]
@@ -212,7 +213,7 @@ class _Scheduler:
             jobs_total=len(self.jobs),
             jobs_done=done,
             kernels_to_compile=len(self.to_compile),
-            kernels_compiled=self.kernels_compiled,
+            kernels_compiled=len(self.compiled_files),
             failed=failed,
             phase=phase,
         )
@@ -259,7 +260,7 @@ class _Scheduler:
         self.entries.forget(task.files)
         if outcome.ok:
             compiled = CompileResult(task, True, **outcome.result)
-            self.kernels_compiled += len(compiled.compiled)
+            self.compiled_files.update(compiled.compiled)
         else:
             compiled = CompileResult(task, False, error=outcome.error or "")
             failed = self.results[task.job]

@@ -63,7 +63,7 @@ def build_shipped_cache(build_lib: Path, environ: dict[str, str]) -> int:
             return status
     _tidy(target)
     for arch, (count, size) in sorted(sizes_per_arch(target).items()):
-        print(f"aiter: shipped cache {arch}: {count} kernels, {size / 1e6:.1f} MB")
+        print(f"aiter: shipped cache {arch}: {count} kernels, {size / 1e6:.2f} MB")
     return 0
 
 
