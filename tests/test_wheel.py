@@ -1,5 +1,5 @@
 """The shipped cache: a wheel built with AITER_AOT=1 for gfx942 from a small table holds the cache
-and its manifest; installed elsewhere, a process serves from it under RUN_ONLY with no cache
+and its manifest; installed into a fresh virtualenv, a process serves from it under RUN_ONLY with no cache
 variable set; the user's FLYDSL_RUNTIME_CACHE_DIR wins; `--info` reports a version mismatch; a
 read-only shipped cache serves and survives a compile on the serving path.
 """
@@ -15,6 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from aiter.ops.conv3d_tables import CONV3D
 from aiter.ops.fmha_tables import FMHA_FP8
@@ -44,10 +45,22 @@ def wheel(tmp_path_factory):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     (path,) = (work / "dist").glob("aiter-*.whl")
-    site = work / "site"
-    install = [sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(site)]
-    subprocess.run([*install, str(path)], check=True, capture_output=True)
-    return path, site, proc.stdout + proc.stderr
+    # A fresh virtualenv with the wheel installed; its dependencies (torch, flydsl, pandas) come
+    # from this interpreter's site-packages through a .pth line, which, unlike a site directory,
+    # does not run that directory's .pth files (so the repository's editable install stays out).
+    venv = work / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
+    python = venv / "bin" / "python"
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True, capture_output=True, text=True,
+        ).stdout.strip()
+    )  # fmt: skip
+    (site / "aiter_test_dependencies.pth").write_text(str(Path(torch.__file__).parents[1]) + "\n")
+    install = [str(python), "-m", "pip", "install", "--no-deps", "--no-index", str(path)]
+    subprocess.run(install, check=True, capture_output=True)
+    return path, (python, site), proc.stdout + proc.stderr
 
 
 def test_the_wheel_holds_the_cache_and_its_manifest(wheel):
@@ -76,38 +89,41 @@ SERVE = textwrap.dedent("""
     """)
 
 
-def _run(site: Path, args: list[str], tmp_path: Path, **env: str):
-    """A process that imports the installed wheel (not the repository), with `env` on top."""
+def _run(venv: tuple[Path, Path], args: list[str], tmp_path: Path, **env: str):
+    """The fresh virtualenv's python (its aiter is the installed wheel), with no cache variable
+    and no PYTHONPATH, and `env` on top."""
     script = tmp_path / "serve.py"
     script.write_text(SERVE)
-    full = {k: v for k, v in os.environ.items() if k != "FLYDSL_RUNTIME_CACHE_DIR"}
-    full.update(PYTHONPATH=str(site), **env)
+    unset = ("FLYDSL_RUNTIME_CACHE_DIR", "PYTHONPATH", "FLYDSL_RUNTIME_RUN_ONLY")
+    full = {k: v for k, v in os.environ.items() if k not in unset} | env
     return subprocess.run(
-        [sys.executable, *args], cwd=tmp_path, env=full, capture_output=True, text=True,
+        [str(venv[0]), *args], cwd=tmp_path, env=full, capture_output=True, text=True,
         timeout=600, check=False,
     )  # fmt: skip
 
 
 def test_an_installed_wheel_serves_from_its_cache_alone(wheel, tmp_path):
-    _, site, _ = wheel
-    proc = _run(site, [str(tmp_path / "serve.py"), "20"], tmp_path, FLYDSL_RUNTIME_RUN_ONLY="1")
+    _, venv, _ = wheel
+    site = venv[1]
+    proc = _run(venv, [str(tmp_path / "serve.py"), "20"], tmp_path, FLYDSL_RUNTIME_RUN_ONLY="1")
     assert proc.returncode == 0 and "served" in proc.stdout, proc.stderr[-3000:]
     assert f"aiter from {site}" in proc.stdout
     assert f"cache {site / 'aiter' / 'flydsl_cache'}" in proc.stdout
 
 
 def test_the_users_cache_directory_wins(wheel, tmp_path):
-    _, site, _ = wheel
+    _, venv, _ = wheel
     mine = tmp_path / "mine"
-    proc = _run(site, [str(tmp_path / "serve.py"), "20"], tmp_path, FLYDSL_RUNTIME_RUN_ONLY="1",
+    proc = _run(venv, [str(tmp_path / "serve.py"), "20"], tmp_path, FLYDSL_RUNTIME_RUN_ONLY="1",
                 FLYDSL_RUNTIME_CACHE_DIR=str(mine))  # fmt: skip
     assert proc.returncode != 0 and f"cache {mine}" in proc.stdout
 
 
 def test_info_names_the_shipped_cache_and_a_version_mismatch(wheel, tmp_path):
-    _, site, _ = wheel
+    _, venv, _ = wheel
+    site = venv[1]
     info = ["-m", "aiter.aot.flydsl", "--info"]
-    proc = _run(site, info, tmp_path)
+    proc = _run(venv, info, tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert f"runtime cache: {site / 'aiter' / 'flydsl_cache'} (shipped)" in proc.stdout
     assert "gfx942: gemm " in proc.stdout and "versions match" in proc.stdout
@@ -116,23 +132,24 @@ def test_info_names_the_shipped_cache_and_a_version_mismatch(wheel, tmp_path):
     manifest = json.loads((site / "aiter/flydsl_cache/aiter_aot_manifest.json").read_text())
     manifest["versions"]["flydsl"] = "0.0.1"
     (other / "aiter_aot_manifest.json").write_text(json.dumps(manifest))
-    proc = _run(site, info, tmp_path, FLYDSL_RUNTIME_CACHE_DIR=str(other))
+    proc = _run(venv, info, tmp_path, FLYDSL_RUNTIME_CACHE_DIR=str(other))
     assert "VERSION MISMATCH flydsl: the cache was built with 0.0.1" in proc.stdout
     assert "every lookup will miss" in proc.stdout
 
 
 def test_a_read_only_shipped_cache_serves_and_survives_a_compile(wheel, tmp_path, rocm_path):
-    _, site, _ = wheel
+    _, venv, _ = wheel
+    site = venv[1]
     shipped = site / "aiter" / "flydsl_cache"
     before = sorted(p.relative_to(shipped) for p in shipped.rglob("*"))
     ro = {"AITER_CACHE_READONLY": "1", "AITER_CACHE_OVERLAY_DIR": str(tmp_path / "overlay")}
-    served = _run(site, [str(tmp_path / "serve.py"), "20"], tmp_path, FLYDSL_RUNTIME_RUN_ONLY="1",
+    served = _run(venv, [str(tmp_path / "serve.py"), "20"], tmp_path, FLYDSL_RUNTIME_RUN_ONLY="1",
                   **ro)  # fmt: skip
     assert served.returncode == 0, served.stderr[-3000:]
     assert f"cache {tmp_path / 'overlay'}" in served.stdout
     # With a bias the shape is not tabled and its kernel not shipped: the call compiles.
     compiled = _run(
-        site, [str(tmp_path / "serve.py"), "20", "bias"], tmp_path, ROCM_PATH=rocm_path, **ro
+        venv, [str(tmp_path / "serve.py"), "20", "bias"], tmp_path, ROCM_PATH=rocm_path, **ro
     )
     assert compiled.returncode == 0, compiled.stderr[-3000:]
     assert sorted(p.relative_to(shipped) for p in shipped.rglob("*")) == before
