@@ -1,7 +1,7 @@
 """The shipped cache: a wheel built with AITER_AOT=1 for gfx942 from a small table holds the cache
-and its manifest; installed into a fresh virtualenv, a process serves from it under RUN_ONLY with no cache
-variable set; the user's FLYDSL_RUNTIME_CACHE_DIR wins; `--info` reports a version mismatch; a
-read-only shipped cache serves and survives a compile on the serving path.
+and its manifest; installed into a fresh virtualenv, a process serves from it under RUN_ONLY with
+no cache variable set; the user's FLYDSL_RUNTIME_CACHE_DIR wins; `--info` reports a version
+mismatch; a read-only shipped cache serves and survives a compile on the serving path.
 """
 
 from __future__ import annotations
