@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -176,3 +177,23 @@ def test_a_task_over_its_timeout_is_killed_and_fails_alone() -> None:
     assert time.monotonic() - start < 20  # the 30 s task did not run its course
     assert outcomes[0] == TaskOutcome(0, False, None, "timed out after 1 s; the worker was killed")
     assert [o.ok for o in outcomes[1:]] == [True, True]
+
+
+CTRL_C_DURING_FORK = """
+import os, signal
+from aiter.aot.flydsl.workers import run_forked
+
+# The child's at-fork hooks run before any worker code: a Ctrl-C there is the race to survive.
+os.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), signal.SIGINT))
+[outcome] = run_forked([1], lambda task: task, workers=1)
+print(outcome.ok, outcome.error)
+"""
+
+
+def test_a_ctrl_c_during_the_fork_is_a_failed_task_not_a_traceback() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C_DURING_FORK], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "False KeyboardInterrupt"
+    assert done.stderr == ""

@@ -47,26 +47,35 @@ def _describe_status(status: int) -> str:
 
 
 def _child(task: Any, run: Callable[[Any], Any], out_path: Path) -> None:
-    code = 0
+    """Run the task and write its outcome; whatever happens, the child never returns to the
+    parent's code (os._exit in the outer finally), and never prints a traceback."""
+    code = CANNOT_REPORT
     try:
-        text = json.dumps({"ok": True, "result": run(task)})
-    except BaseException as err:  # the parent must hear about every failure
-        code = 1
-        if isinstance(err, (TypeError, ValueError)) and "JSON" in str(err):
-            detail = f"the task's result is not JSON-serialisable: {err}"
-        else:
-            detail = traceback.format_exception_only(type(err), err)[-1].strip()
-        text = json.dumps({"ok": False, "error": detail})
-    try:
+        try:
+            # A Ctrl-C that came during the fork is raised here and reported as a failure.
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+            text, failed = json.dumps({"ok": True, "result": run(task)}), False
+        except BaseException as err:  # the parent must hear about every failure
+            text, failed = json.dumps({"ok": False, "error": _failure(err)}), True
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the outcome is known: write it
         tmp = out_path.with_suffix(".tmp")
         tmp.write_text(text)
         os.replace(tmp, out_path)
-    except OSError:
-        code = CANNOT_REPORT
+        code = 1 if failed else 0
+    except BaseException:
+        pass  # no result file: the parent reports CANNOT_REPORT
     finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+
+
+def _failure(err: BaseException) -> str:
+    if isinstance(err, (TypeError, ValueError)) and "JSON" in str(err):
+        return f"the task's result is not JSON-serialisable: {err}"
+    return traceback.format_exception_only(type(err), err)[-1].strip()
 
 
 class ForkPool:
@@ -105,13 +114,19 @@ class ForkPool:
         # Objects that exist now are never collected in a child: its garbage collector then
         # leaves them alone, so fewer of the parent's pages are copied into every worker.
         gc.freeze()
-        pid = os.fork()
-        if pid == 0:
-            _child(task, run, out_path)
-        gc.unfreeze()
-        self._running[pid] = (key, out_path)
-        if timeout is not None:
-            self._deadlines[pid] = (time.monotonic() + timeout, timeout)
+        # Ctrl-C waits until the fork is over: in the child, Python's at-fork hooks would print
+        # its KeyboardInterrupt as a traceback; in the parent, the pid must be recorded first.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            pid = os.fork()
+            if pid == 0:
+                _child(task, run, out_path)
+            gc.unfreeze()
+            self._running[pid] = (key, out_path)
+            if timeout is not None:
+                self._deadlines[pid] = (time.monotonic() + timeout, timeout)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
     def wait(self, timeout: float | None = None) -> tuple[Any, TaskOutcome] | None:
         """Reap one finished worker: (its task key, outcome); None if none ended in `timeout`."""
