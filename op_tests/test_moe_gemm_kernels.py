@@ -653,7 +653,11 @@ STAGE1_BAD = [
     (False, dict(w1=torch.empty(2, 96, 128, dtype=torch.bfloat16)), "w1: inter .* multiple of 64"),
     (False, dict(w1=torch.empty(2, 128, 64, dtype=torch.bfloat16)), "w1: expected shape"),
     (False, dict(w1=torch.empty(128, 128, dtype=torch.bfloat16)), "w1: expected a 3-D"),
-    (False, dict(out=torch.empty(10, 64, dtype=torch.float16)), "out: expected dtype in"),
+    (
+        False,
+        dict(out=torch.empty(10, 64, dtype=torch.float16)),
+        "out: expected dtype torch.bfloat16, got",
+    ),
     (False, dict(out=torch.empty(5, 64, dtype=torch.bfloat16)), "out: expected shape \\[10, 64\\]"),
     (False, dict(sorted_ids=torch.empty(40, dtype=torch.int64)), "sorted_ids: expected dtype"),
     (False, dict(sorted_weights=torch.empty(41)), "sorted_weights: expected shape \\[40\\]"),

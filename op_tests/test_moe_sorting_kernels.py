@@ -261,7 +261,7 @@ def run_case(seed: int, m: int, topk: int, e: int, b: int, mask_kind: str, local
     names = ("sorted_ids", "sorted_weights", "sorted_expert_ids", "num_valid_ids")
     for name, got, want in zip(names, emulated, reference, strict=True):
         assert torch.equal(got, want), (name, seed, m, topk, e, b, mask_kind, local_tokens)
-    if distinct:
+    if distinct and topk <= e:  # the contract's routings; more slots than P are capped
         check_properties(reference, topk_ids, topk_weights, e, b, mask, n_local)
 
 
@@ -498,11 +498,11 @@ def _non_contiguous(t: torch.Tensor) -> torch.Tensor:
 
 
 ARG_SHAPES = {
-    "topk_weights": "float32 \\[M, topk\\]",
-    "sorted_ids": "int32 \\[P\\]",
-    "sorted_weights": "float32 \\[P\\]",
-    "sorted_expert_ids": "int32 \\[ceil\\(P / B\\)\\]",
-    "num_valid_ids": "int32 \\[2\\]",
+    "topk_weights": "\\[M, topk\\]",
+    "sorted_ids": "\\[P\\]",
+    "sorted_weights": "\\[P\\]",
+    "sorted_expert_ids": "\\[ceil\\(P / B\\)\\]",
+    "num_valid_ids": "\\[2\\]",
     "workspace": "sorting_workspace_size\\(E\\)",
 }
 
@@ -511,12 +511,12 @@ ARG_SHAPES = {
 def test_launch_rejects_bad_tensors(name: str) -> None:
     good = _args()
     wrong_dtype = torch.float32 if good[name].dtype == torch.int32 else torch.int32
-    with pytest.raises(TypeError, match=f"^{name}: expected dtype"):
+    with pytest.raises(ValueError, match=f"^{name}: expected dtype"):
         _launch({**good, name: good[name].to(wrong_dtype)})
     with pytest.raises(ValueError, match=f"^{name}: expected a contiguous tensor"):
         _launch({**good, name: _non_contiguous(good[name])})
     if name == "topk_ids":
-        with pytest.raises(ValueError, match="^topk_ids: expected a 2-d"):
+        with pytest.raises(ValueError, match="^topk_ids: expected a 2-D"):
             _launch({**good, name: good[name].reshape(-1)})
         with pytest.raises(TypeError, match="^topk_ids: expected a torch.Tensor"):
             _launch({**good, name: [[0, 1]]})
@@ -532,13 +532,13 @@ def test_launch_rejects_bad_tensors(name: str) -> None:
 
 def test_launch_rejects_bad_optional_tensors() -> None:
     good = _args()
-    with pytest.raises(ValueError, match=r"^expert_mask: expected shape \[8\]"):
+    with pytest.raises(ValueError, match=r"^expert_mask: expected shape \[E\] = \[8\]"):
         _launch(good, expert_mask=torch.ones(7, dtype=torch.int32))
-    with pytest.raises(TypeError, match="^expert_mask: expected dtype torch.int32"):
+    with pytest.raises(ValueError, match="^expert_mask: expected dtype torch.int32"):
         _launch(good, expert_mask=torch.ones(8, dtype=torch.bool))
-    with pytest.raises(ValueError, match=r"^num_local_tokens: expected shape \[1\]"):
+    with pytest.raises(ValueError, match=r"^num_local_tokens: expected shape \[1\] = \[1\]"):
         _launch(good, num_local_tokens=torch.ones(2, dtype=torch.int32))
-    with pytest.raises(TypeError, match="^num_local_tokens: expected dtype torch.int32"):
+    with pytest.raises(ValueError, match="^num_local_tokens: expected dtype torch.int32"):
         _launch(good, num_local_tokens=torch.ones(1, dtype=torch.int64))
     # torch calls this size-1 view contiguous; FlyDSL wants a unit stride.
     strided = torch.ones(2, dtype=torch.int32)[1::2]

@@ -64,6 +64,7 @@ from .conv3d_index import (
 )
 from .gemm_a16w16_index import acc_rows_per_lane, k_run, operand_row
 from .gemm_common import check_mma, load_run, to_stream, zero_accs
+from .launch_args import check_choice, check_int, check_rank, check_tensor
 
 __all__ = [
     "CHANNEL_VECTOR",
@@ -138,9 +139,7 @@ class Conv3dGeometry:
 
     def __post_init__(self) -> None:
         for name in ("n", "c", "d", "h", "w", "k", "kt", "kh", "kw", "groups"):
-            value = getattr(self, name)
-            if not _is_int(value) or value < 1:
-                raise ValueError(f"{name}: expected an int >= 1, got {value!r}")
+            check_int(name, getattr(self, name), 1)
         object.__setattr__(self, "stride", _triple("stride", self.stride, 1))
         object.__setattr__(self, "padding", _triple("padding", self.padding, 0))
         object.__setattr__(self, "dilation", _triple("dilation", self.dilation, 1))
@@ -221,7 +220,7 @@ class Conv3dGeometry:
 
     def out_shape(self, layout: str) -> tuple[int, int, int, int, int]:
         """[N, K, D', H', W'] for "NCDHW", [N, D', H', W', K] for "NDHWC"."""
-        _check_choice("output_layout", layout, LAYOUTS)
+        check_choice("output_layout", layout, LAYOUTS)
         if layout == "NCDHW":
             return self.n, self.k, self.out_d, self.out_h, self.out_w
         return self.n, self.out_d, self.out_h, self.out_w, self.k
@@ -246,15 +245,14 @@ def conv3d_geometry(
     C / groups, C or K not divisible by groups, stride/dilation < 1, padding < 0, or an input
     too small for the kernel and dilation.
     """
-    _check_choice("input_layout", input_layout, LAYOUTS)
+    check_choice("input_layout", input_layout, LAYOUTS)
     x_dims = _dims("x", x_shape)
     w_dims = _dims("weight", weight_shape)
     if input_layout == "NCDHW":
         n, c, d, h, w = x_dims
     else:
         n, d, h, w, c = x_dims
-    if not _is_int(groups) or groups < 1:
-        raise ValueError(f"groups: expected an int >= 1, got {groups!r}")
+    check_int("groups", groups, 1)
     k, wc, kt, kh, kw = w_dims
     if c % groups == 0 and wc != c // groups:
         raise ValueError(
@@ -334,8 +332,7 @@ def pack_conv3d_weight(weight: torch.Tensor, groups: int) -> torch.Tensor:
     """
     if not isinstance(weight, torch.Tensor) or weight.dim() != 5:
         raise ValueError("weight: expected a 5-D [K, C / groups, kT, kH, kW] tensor")
-    if not _is_int(groups) or groups < 1:
-        raise ValueError(f"groups: expected an int >= 1, got {groups!r}")
+    check_int("groups", groups, 1)
     k, cg, kt, kh, kw = (int(v) for v in weight.shape)
     if k % groups:
         raise ValueError(f"groups: K = {k} is not divisible by groups = {groups}")
@@ -353,7 +350,7 @@ def to_padded_ndhwc_torch(x: torch.Tensor, groups: int, input_layout: str) -> to
     when the pre-transpose kernel is not supported, or when an NDHWC input is not usable as is
     (ndhwc_input_ready). Works on FakeTensors.
     """
-    _check_choice("input_layout", input_layout, LAYOUTS)
+    check_choice("input_layout", input_layout, LAYOUTS)
     if not isinstance(x, torch.Tensor) or x.dim() != 5:
         raise ValueError(f"x: expected a 5-D {input_layout} tensor")
     channels_last = x.permute(0, 2, 3, 4, 1) if input_layout == "NCDHW" else x
@@ -747,23 +744,6 @@ def conv3d_pretranspose(
 # --- host launchers --------------------------------------------------------------------------
 
 
-def _check_choice(name: str, value: Any, choices: tuple) -> None:
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{name}: expected one of {choices}, got {value!r}")
-
-
-def _check_tensor(name: str, t: Any, dtypes: tuple, shape: tuple[int, ...]) -> None:
-    """t is a contiguous tensor of one of `dtypes` and exactly `shape`."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        raise ValueError(f"{name}: expected dtype in {dtypes}, got {t.dtype}")
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name}: expected shape {list(shape)}, got {list(t.shape)}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name}: expected a contiguous tensor")
-
-
 def _check_limit(name: str, what: str, value: int, limit: int = INDEX_LIMIT) -> None:
     if value >= limit:
         raise ValueError(f"{name}: {what} = {value} is too large for 32-bit indices")
@@ -822,26 +802,23 @@ def launch_conv3d(
     check_mma(mma, MMA_FLAVOURS)
     if tile not in SUPPORTED_TILES[mma]:
         raise ValueError(f"tile: {tile} is not supported for mma={mma!r} (see SUPPORTED_TILES)")
-    if not _is_int(split_k) or split_k < 1:
-        raise ValueError(f"split_k: expected an int >= 1, got {split_k!r}")
-    _check_choice("output_layout", output_layout, LAYOUTS)
+    check_int("split_k", split_k, 1)
+    check_choice("output_layout", output_layout, LAYOUTS)
     g = geometry
-    _check_tensor("x_padded_ndhwc", x_padded_ndhwc, INPUT_DTYPES, g.x_padded_shape())
+    check_tensor("x_padded_ndhwc", x_padded_ndhwc, INPUT_DTYPES, g.x_padded_shape())
     dtype = x_padded_ndhwc.dtype
-    _check_tensor("packed_weight", packed_weight, (dtype,), g.packed_weight_shape())
+    check_tensor("packed_weight", packed_weight, (dtype,), g.packed_weight_shape())
     has_bias = bias is not None
     if has_bias:
-        _check_tensor("bias", bias, (dtype,), (g.k,))
-    _check_tensor("out", out, (dtype,), g.out_shape(output_layout))
+        check_tensor("bias", bias, (dtype,), (g.k,))
+    check_tensor("out", out, (dtype,), g.out_shape(output_layout))
     if split_k > 1:
         if workspace is None:
             raise ValueError(
                 f"workspace: expected a float32 {list(conv3d_workspace_shape(g, split_k))} "
                 "tensor when split_k > 1"
             )
-        _check_tensor(
-            "workspace", workspace, (WORKSPACE_DTYPE,), conv3d_workspace_shape(g, split_k)
-        )
+        check_tensor("workspace", workspace, (WORKSPACE_DTYPE,), conv3d_workspace_shape(g, split_k))
     _check_limit("x_padded_ndhwc", "N * D * H * W", g.n * g.d * g.h * g.w)
     _check_limit("out", "M", g.positions)
     m_tiles, n_tiles = tile_counts(g.positions, g.kg, tile.tile_m, tile.tile_n)
@@ -891,16 +868,12 @@ def launch_conv3d_pretranspose(
     Kernel (jit name): conv3d_pretranspose, no Constexpr (all sizes are runtime int32), so one
     kernel per dtype and arch. stream as for launch_conv3d.
     """
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x: expected a torch.Tensor, got {type(x).__name__}")
-    if x.dim() != 5:
-        raise ValueError(f"x: expected a 5-D [N, C, D, H, W] tensor, got {list(x.shape)}")
-    if not _is_int(groups) or groups < 1:
-        raise ValueError(f"groups: expected an int >= 1, got {groups!r}")
+    check_rank("x", x, 5, "[N, C, D, H, W]")
+    check_int("groups", groups, 1)
     n, c, d, h, w = (int(v) for v in x.shape)
     if c % groups:
         raise ValueError(f"groups: C = {c} is not divisible by groups = {groups}")
-    _check_tensor("x", x, INPUT_DTYPES, (n, c, d, h, w))
+    check_tensor("x", x, INPUT_DTYPES, (n, c, d, h, w))
     if not pretranspose_supported(x.shape, groups):
         raise ValueError(
             f"x: {list(x.shape)} is too large for the pre-transpose's 32-bit indices "
@@ -908,7 +881,7 @@ def launch_conv3d_pretranspose(
         )
     cg = c // groups
     cgp = padded_channels(cg)
-    _check_tensor("out", out, (x.dtype,), (n, d, h, w, groups * cgp))
+    check_tensor("out", out, (x.dtype,), (n, d, h, w, groups * cgp))
     spatial = d * h * w
     conv3d_pretranspose(
         x, out, n * spatial * groups * cgp, spatial, groups, cgp, cg, stream=to_stream(stream)

@@ -69,6 +69,7 @@ from .flash_attn_fp8_index import (
     ws_out_offset,
 )
 from .gemm_common import check_mma, load_run, to_stream
+from .launch_args import check_rank, check_tensor
 
 __all__ = [
     "BLOCK_MS",
@@ -586,26 +587,6 @@ def _is_real(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _check_tensor(name: str, t: Any, dtypes: tuple, shape: tuple[int, ...], what: str) -> None:
-    """t is a contiguous tensor of one of `dtypes` and exactly `shape` (`what` names the dims)."""
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        raise ValueError(f"{name}: expected dtype in {dtypes}, got {t.dtype}")
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name}: expected shape {what} = {list(shape)}, got {list(t.shape)}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name}: expected a contiguous tensor (strides {t.stride()})")
-
-
-def _dims(name: str, t: Any, rank: int, what: str) -> tuple[int, ...]:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.dim() != rank:
-        raise ValueError(f"{name}: expected a {rank}-D {what} tensor, got shape {list(t.shape)}")
-    return tuple(int(d) for d in t.shape)
-
-
 def _check_head_dim(name: str, what: str, value: int) -> None:
     if value not in HEAD_DIMS:
         raise ValueError(f"{name}: {what} = {value} must be one of {HEAD_DIMS}")
@@ -728,16 +709,16 @@ def launch_flash_attn_fp8(
         raise ValueError(f"{', '.join(missing)}: varlen needs all of {list(varlen_args)}")
 
     if varlen:
-        tq, hq, d = _dims("q", q, 3, "[Tq, Hq, D]")
-        tk, hkv, _ = _dims("k", k, 3, "[Tk, Hkv, D]")
-        dv = _dims("v", v, 3, "[Tk, Hkv, Dv]")[2]
+        tq, hq, d = check_rank("q", q, 3, "[Tq, Hq, D]")
+        tk, hkv, _ = check_rank("k", k, 3, "[Tk, Hkv, D]")
+        dv = check_rank("v", v, 3, "[Tk, Hkv, Dv]")[2]
         if tq < 1 or tk < 1:
             raise ValueError(f"q, k: Tq and Tk must be >= 1, got {tq} and {tk}")
-        batch = _dims("cu_seqlens_q", cu_seqlens_q, 1, "[B + 1]")[0] - 1
+        batch = check_rank("cu_seqlens_q", cu_seqlens_q, 1, "[B + 1]")[0] - 1
         if batch < 1:
             raise ValueError("cu_seqlens_q: expected at least 2 entries (B >= 1)")
         for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-            _check_tensor(name, cu, (CU_SEQLENS_DTYPE,), (batch + 1,), "[B + 1]")
+            check_tensor(name, cu, (CU_SEQLENS_DTYPE,), (batch + 1,), "[B + 1]")
         for name, value, low in (
             ("max_seqlen_q", max_seqlen_q, 1),
             ("max_seqlen_k", max_seqlen_k, 0),
@@ -754,9 +735,9 @@ def launch_flash_attn_fp8(
             "[Hq, Tq]",
         )
     else:
-        batch, seqlen_q, hq, d = _dims("q", q, 4, "[B, Sq, Hq, D]")
-        _, seqlen_k, hkv, _ = _dims("k", k, 4, "[B, Sk, Hkv, D]")
-        dv = _dims("v", v, 4, "[B, Sk, Hkv, Dv]")[3]
+        batch, seqlen_q, hq, d = check_rank("q", q, 4, "[B, Sq, Hq, D]")
+        _, seqlen_k, hkv, _ = check_rank("k", k, 4, "[B, Sk, Hkv, D]")
+        dv = check_rank("v", v, 4, "[B, Sk, Hkv, Dv]")[3]
         if min(batch, seqlen_q, seqlen_k) < 1:
             raise ValueError(
                 f"q, k: B, Sq and Sk must be >= 1, got {batch}, {seqlen_q}, {seqlen_k}"
@@ -774,19 +755,19 @@ def launch_flash_attn_fp8(
     _check_head_dim("v", "Dv = v.shape[-1]", dv)
     if hkv < 1 or hq % hkv:
         raise ValueError(f"k: Hq = {hq} must be a multiple of Hkv = {hkv} (GQA)")
-    _check_tensor("q", q, FP8_DTYPES, q_shape, q_what)
-    _check_tensor("k", k, (q.dtype,), k_shape, kv_what)
-    _check_tensor("v", v, (q.dtype,), v_shape, kv_what.replace("D]", "Dv]"))
-    _check_tensor("out", out, (OUT_DTYPE,), out_shape, o_what)
+    check_tensor("q", q, FP8_DTYPES, q_shape, q_what)
+    check_tensor("k", k, (q.dtype,), k_shape, kv_what)
+    check_tensor("v", v, (q.dtype,), v_shape, kv_what.replace("D]", "Dv]"))
+    check_tensor("out", out, (OUT_DTYPE,), out_shape, o_what)
     has_lse = lse is not None
     if has_lse:
-        _check_tensor("lse", lse, (torch.float32,), lse_shape, lse_what)
+        check_tensor("lse", lse, (torch.float32,), lse_shape, lse_what)
     for name, scale in (
         ("q_descale", q_descale),
         ("k_descale", k_descale),
         ("v_descale", v_descale),
     ):
-        _check_tensor(name, scale, (DESCALE_DTYPE,), (1,), "[1]")
+        check_tensor(name, scale, (DESCALE_DTYPE,), (1,), "[1]")
     use_split = num_kv_splits > 1
     if use_split:
         ws_shapes = split_workspace_shapes(rows, hq, dv, num_kv_splits)
@@ -796,7 +777,7 @@ def launch_flash_attn_fp8(
                 raise ValueError(
                     f"{name}: expected a float32 {list(shape)} tensor when num_kv_splits > 1"
                 )
-            _check_tensor(name, ws, (WORKSPACE_DTYPE,), shape, "split_workspace_shapes(...)")
+            check_tensor(name, ws, (WORKSPACE_DTYPE,), shape, "split_workspace_shapes(...)")
     q_blocks = num_q_blocks(seqlen_q, block_m)
     if grid_size(batch, hq, q_blocks, num_kv_splits) >= INDEX_LIMIT:
         raise ValueError(

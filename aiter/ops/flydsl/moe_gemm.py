@@ -23,6 +23,7 @@ from .gemm_a8w8_index import K_BLOCK as FP8_K_BLOCK
 from .gemm_a16w16_index import K_BLOCK as A16_K_BLOCK
 from .gemm_a16w16_index import WAVE_SIZE, WAVES_PER_BLOCK, k_loop_counts, operand_row
 from .gemm_common import Tile, check_mma, coord, load_run, to_stream, zero_accs
+from .launch_args import check_bool, check_choice, check_int, check_rank, check_tensor
 from .moe_gemm_index import (
     ACTIVATIONS,
     ELEMENTWISE_BLOCK,
@@ -614,46 +615,6 @@ def moe_topk_reduce(
 # --- host launchers ------------------------------------------------------------------------
 
 
-def _check_choice(name: str, value: Any, choices: tuple) -> None:
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{name}: expected one of {choices}, got {value!r}")
-
-
-def _check_bool(name: str, value: Any) -> None:
-    if not isinstance(value, bool):
-        raise ValueError(f"{name}: expected a bool, got {value!r}")
-
-
-def _check_int(name: str, value: Any, low: int, high: int | None = None) -> None:
-    if (
-        not isinstance(value, int)
-        or isinstance(value, bool)
-        or value < low
-        or (high is not None and value > high)
-    ):
-        bound = f"an int >= {low}" if high is None else f"an int in [{low}, {high}]"
-        raise ValueError(f"{name}: expected {bound}, got {value!r}")
-
-
-def _check_tensor(name: str, t: Any, dtypes: tuple, shape: tuple[int, ...]) -> None:
-    """t is a contiguous tensor of one of `dtypes` and exactly `shape`."""
-    if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name}: expected a tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        raise ValueError(f"{name}: expected dtype in {dtypes}, got {t.dtype}")
-    if tuple(t.shape) != tuple(shape):
-        raise ValueError(f"{name}: expected shape {list(shape)}, got {list(t.shape)}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name}: expected a contiguous tensor")
-
-
-def _check_rank(name: str, t: Any, rank: int, what: str) -> tuple[int, ...]:
-    if not isinstance(t, torch.Tensor) or t.dim() != rank:
-        shape = list(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
-        raise ValueError(f"{name}: expected a {rank}-D {what} tensor, got {shape}")
-    return tuple(int(d) for d in t.shape)
-
-
 def _check_dim(name: str, what: str, value: int) -> None:
     if value <= 0 or value % DIM_MULTIPLE:
         raise ValueError(
@@ -663,16 +624,16 @@ def _check_dim(name: str, what: str, value: int) -> None:
 
 def _check_routing(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids) -> tuple[int, int]:
     """(sorted rows P, sorted blocks) of the routing tensors."""
-    (rows,) = _check_rank("sorted_ids", sorted_ids, 1, "[P] int32")
-    (blocks,) = _check_rank("sorted_expert_ids", sorted_expert_ids, 1, "[num_blocks] int32")
+    (rows,) = check_rank("sorted_ids", sorted_ids, 1, "[P] int32")
+    (blocks,) = check_rank("sorted_expert_ids", sorted_expert_ids, 1, "[num_blocks] int32")
     if rows < 1:
         raise ValueError("sorted_ids: expected at least one sorted row")
     if blocks < 1:
         raise ValueError("sorted_expert_ids: expected at least one sorted block")
-    _check_tensor("sorted_ids", sorted_ids, (torch.int32,), (rows,))
-    _check_tensor("sorted_weights", sorted_weights, (torch.float32,), (rows,))
-    _check_tensor("sorted_expert_ids", sorted_expert_ids, (torch.int32,), (blocks,))
-    _check_tensor("num_valid_ids", num_valid_ids, (torch.int32,), (2,))
+    check_tensor("sorted_ids", sorted_ids, (torch.int32,), (rows,))
+    check_tensor("sorted_weights", sorted_weights, (torch.float32,), (rows,))
+    check_tensor("sorted_expert_ids", sorted_expert_ids, (torch.int32,), (blocks,))
+    check_tensor("num_valid_ids", num_valid_ids, (torch.int32,), (2,))
     return rows, blocks
 
 
@@ -706,7 +667,7 @@ def _check_scales(quant: bool, named: list[tuple[str, Any, tuple[int, ...]]], ki
         if quant:
             if scale is None:
                 raise ValueError(f"{name}: expected a float32 {list(shape)} tensor for fp8 {kind}")
-            _check_tensor(name, scale, (torch.float32,), shape)
+            check_tensor(name, scale, (torch.float32,), shape)
         elif scale is not None:
             raise ValueError(f"{name}: expected None for bf16/fp16 {kind} (scales are fp8 only)")
 
@@ -784,13 +745,13 @@ def launch_moe_stage1(
     """
     check_mma(mma, MMA_FLAVOURS)
     _check_tile(tile, mma)
-    _check_int("ksplit", ksplit, 1)
-    _check_int("topk", topk, 1, MAX_TOPK)
-    _check_choice("activation", activation, ACTIVATIONS)
-    _check_choice("gate_mode", gate_mode, GATE_MODES)
-    _check_bool("doweight", doweight)
-    m, model_dim = _check_rank("a", a, 2, "[M, model_dim]")
-    num_experts, two_inter, w_k = _check_rank("w1", w1, 3, "[E, 2 * inter, model_dim]")
+    check_int("ksplit", ksplit, 1)
+    check_int("topk", topk, 1, MAX_TOPK)
+    check_choice("activation", activation, ACTIVATIONS)
+    check_choice("gate_mode", gate_mode, GATE_MODES)
+    check_bool("doweight", doweight)
+    m, model_dim = check_rank("a", a, 2, "[M, model_dim]")
+    num_experts, two_inter, w_k = check_rank("w1", w1, 3, "[E, 2 * inter, model_dim]")
     quant = _input_kind("a", a, "w1", w1, mma)
     if not 1 <= m <= MAX_TOKENS:
         raise ValueError(f"a: M = a.shape[0] must be in [1, {MAX_TOKENS}], got {m}")
@@ -801,13 +762,13 @@ def launch_moe_stage1(
         )
     inter = two_inter // 2
     _check_dim("w1", "inter = w1.shape[1] / 2", inter)
-    _check_tensor("a", a, (a.dtype,), (m, model_dim))
-    _check_tensor("w1", w1, (w1.dtype,), (num_experts, two_inter, model_dim))
+    check_tensor("a", a, (a.dtype,), (m, model_dim))
+    check_tensor("w1", w1, (w1.dtype,), (num_experts, two_inter, model_dim))
     rows, blocks = _check_routing(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids)
     if rows * inter + ELEMENTWISE_BLOCK > 2**31:
         raise ValueError(f"sorted_ids: P * inter = {rows * inter} is too large for int32 indices")
     out_dtypes = OUT_DTYPES if quant else (a.dtype,)
-    _check_tensor("out", out, out_dtypes, (m * topk, inter))
+    check_tensor("out", out, out_dtypes, (m * topk, inter))
     _check_scales(
         quant,
         [("a_scale", a_scale, (m, 1)), ("w1_scale", w1_scale, (num_experts, two_inter, 1))],
@@ -815,14 +776,14 @@ def launch_moe_stage1(
     )
     has_bias = bias1 is not None
     if has_bias:
-        _check_tensor("bias1", bias1, (torch.float32,), (num_experts, two_inter))
+        check_tensor("bias1", bias1, (torch.float32,), (num_experts, two_inter))
     if ksplit > 1:
         if workspace is None:
             raise ValueError(
                 f"workspace: expected a zeroed float32 {list(stage1_workspace_shape(m, topk, inter))}"
                 " tensor when ksplit > 1"
             )
-        _check_tensor(
+        check_tensor(
             "workspace", workspace, (WORKSPACE_DTYPE,), stage1_workspace_shape(m, topk, inter)
         )
 
@@ -907,12 +868,12 @@ def launch_moe_stage2(
     """
     check_mma(mma, MMA_FLAVOURS)
     _check_tile(tile, mma)
-    _check_int("topk", topk, 1, MAX_TOPK)
-    _check_choice("mode", mode, STAGE_MODES)
-    _check_bool("apply_weight", apply_weight)
-    routed, inter = _check_rank("a2", a2, 2, "[M * topk, inter]")
-    num_experts, model_dim, w_k = _check_rank("w2", w2, 3, "[E, model_dim, inter]")
-    m, out_dim = _check_rank("out", out, 2, "[M, model_dim]")
+    check_int("topk", topk, 1, MAX_TOPK)
+    check_choice("mode", mode, STAGE_MODES)
+    check_bool("apply_weight", apply_weight)
+    routed, inter = check_rank("a2", a2, 2, "[M * topk, inter]")
+    num_experts, model_dim, w_k = check_rank("w2", w2, 3, "[E, model_dim, inter]")
+    m, out_dim = check_rank("out", out, 2, "[M, model_dim]")
     quant = _input_kind("a2", a2, "w2", w2, mma)
     if not 1 <= m <= MAX_TOKENS:
         raise ValueError(f"out: M = out.shape[0] must be in [1, {MAX_TOKENS}], got {m}")
@@ -922,9 +883,9 @@ def launch_moe_stage2(
         raise ValueError(f"w2: expected shape [E >= 1, model_dim, {inter}], got {list(w2.shape)}")
     if routed != m * topk:
         raise ValueError(f"a2: expected {m} * {topk} = {m * topk} rows, got {routed}")
-    _check_tensor("a2", a2, (a2.dtype,), (routed, inter))
-    _check_tensor("w2", w2, (w2.dtype,), (num_experts, model_dim, inter))
-    _check_tensor("out", out, OUT_DTYPES, (m, model_dim))
+    check_tensor("a2", a2, (a2.dtype,), (routed, inter))
+    check_tensor("w2", w2, (w2.dtype,), (num_experts, model_dim, inter))
+    check_tensor("out", out, OUT_DTYPES, (m, model_dim))
     if m * model_dim + ELEMENTWISE_BLOCK > 2**31:
         raise ValueError(f"out: M * model_dim = {m * model_dim} is too large for int32 indices")
     _, blocks = _check_routing(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids)
@@ -935,14 +896,14 @@ def launch_moe_stage2(
     )
     has_bias = bias2 is not None
     if has_bias:
-        _check_tensor("bias2", bias2, (torch.float32,), (num_experts, model_dim))
+        check_tensor("bias2", bias2, (torch.float32,), (num_experts, model_dim))
     if mode == "reduce":
         if workspace is None:
             raise ValueError(
                 "workspace: expected a zeroed float32 "
                 f"{list(stage2_workspace_shape(m, topk, model_dim))} tensor for mode 'reduce'"
             )
-        _check_tensor(
+        check_tensor(
             "workspace", workspace, (WORKSPACE_DTYPE,), stage2_workspace_shape(m, topk, model_dim)
         )
 

@@ -16,6 +16,7 @@ import torch
 from flydsl.expr import const_expr
 
 from .gemm_common import to_stream
+from .launch_args import check_int, check_rank, check_tensor
 from .moe_sorting_index import (
     BLOCK_SIZE_MULTIPLE,
     EXPERT_THREADS,
@@ -249,29 +250,6 @@ def sorting_workspace_size(num_experts: int) -> int:
     return workspace_size(num_experts)
 
 
-def _check_int(name: str, value: Any, low: int, high: int | None = None) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise ValueError(f"{name}: expected an int >= {low}, got {value!r}")
-    if high is not None and value > high:
-        raise ValueError(f"{name}: expected an int <= {high}, got {value!r}")
-    return value
-
-
-def _check_tensor(name: str, tensor: Any, dtype, shape: tuple[int, ...], what: str) -> None:
-    if not isinstance(tensor, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor ({what}), got {type(tensor).__name__}")
-    if tensor.dtype != dtype:
-        raise TypeError(f"{name}: expected dtype {dtype} ({what}), got {tensor.dtype}")
-    if tuple(tensor.shape) != shape:
-        raise ValueError(f"{name}: expected shape {list(shape)} ({what}), got {list(tensor.shape)}")
-    # torch calls a size-1 axis contiguous whatever its stride; FlyDSL needs a unit stride.
-    if not tensor.is_contiguous() or (tensor.dim() > 0 and tensor.stride(-1) != 1):
-        raise ValueError(
-            f"{name}: expected a contiguous tensor with a unit stride on its last axis ({what}), "
-            f"got strides {list(tensor.stride())}"
-        )
-
-
 def launch_moe_sorting(
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -326,21 +304,13 @@ def launch_moe_sorting(
       nothing runs. Without expert_mask (num_local_tokens) the kernels do not read that
       argument: another tensor stands in for it.
     """
-    e = _check_int("num_experts", num_experts, 1)
-    b = _check_int("block_size", block_size, 1)
+    e = check_int("num_experts", num_experts, 1)
+    b = check_int("block_size", block_size, 1)
     if b % BLOCK_SIZE_MULTIPLE:
         raise ValueError(
             f"block_size: expected a positive multiple of {BLOCK_SIZE_MULTIPLE}, got {b}"
         )
-    if not isinstance(topk_ids, torch.Tensor):
-        raise TypeError(
-            f"topk_ids: expected a torch.Tensor (int32 [M, topk]), got {type(topk_ids).__name__}"
-        )
-    if topk_ids.dim() != 2:
-        raise ValueError(
-            f"topk_ids: expected a 2-d int32 [M, topk] tensor, got shape {list(topk_ids.shape)}"
-        )
-    m, topk = (int(d) for d in topk_ids.shape)
+    m, topk = check_rank("topk_ids", topk_ids, 2, "[M, topk]")
     if not 1 <= topk <= MAX_TOPK:
         raise ValueError(
             f"topk_ids: topk = topk_ids.shape[1] must be in [1, {MAX_TOPK}], got {topk}"
@@ -350,27 +320,27 @@ def launch_moe_sorting(
     p, num_blocks = sorting_sizes(m, topk, e, b)
     if p >= 2**31:
         raise ValueError(f"sorted_ids: P = M * topk + E * B - topk = {p} must be < 2**31")
-    _check_tensor("topk_ids", topk_ids, torch.int32, (m, topk), "int32 [M, topk]")
-    _check_tensor("topk_weights", topk_weights, torch.float32, (m, topk), "float32 [M, topk]")
-    _check_tensor("sorted_ids", sorted_ids, torch.int32, (p,), "int32 [P]")
-    _check_tensor("sorted_weights", sorted_weights, torch.float32, (p,), "float32 [P]")
-    _check_tensor(
-        "sorted_expert_ids", sorted_expert_ids, torch.int32, (num_blocks,), "int32 [ceil(P / B)]"
+    check_tensor("topk_ids", topk_ids, torch.int32, (m, topk), "[M, topk]")
+    check_tensor("topk_weights", topk_weights, torch.float32, (m, topk), "[M, topk]")
+    check_tensor("sorted_ids", sorted_ids, torch.int32, (p,), "[P]")
+    check_tensor("sorted_weights", sorted_weights, torch.float32, (p,), "[P]")
+    check_tensor(
+        "sorted_expert_ids", sorted_expert_ids, torch.int32, (num_blocks,), "[ceil(P / B)]"
     )
-    _check_tensor("num_valid_ids", num_valid_ids, torch.int32, (2,), "int32 [2]")
-    _check_tensor(
+    check_tensor("num_valid_ids", num_valid_ids, torch.int32, (2,), "[2]")
+    check_tensor(
         "workspace",
         workspace,
         WORKSPACE_DTYPE,
         (workspace_size(e),),
-        "WORKSPACE_DTYPE [sorting_workspace_size(E)]",
+        "[sorting_workspace_size(E)]",
     )
     has_mask = expert_mask is not None
     if has_mask:
-        _check_tensor("expert_mask", expert_mask, torch.int32, (e,), "int32 [E] of 0/1")
+        check_tensor("expert_mask", expert_mask, torch.int32, (e,), "[E]")
     has_num_local = num_local_tokens is not None
     if has_num_local:
-        _check_tensor("num_local_tokens", num_local_tokens, torch.int32, (1,), "int32 [1]")
+        check_tensor("num_local_tokens", num_local_tokens, torch.int32, (1,), "[1]")
 
     # A kernel without a mask (token count) never reads that argument; topk_ids stands in.
     mask_arg = expert_mask if has_mask else topk_ids
