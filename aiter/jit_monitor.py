@@ -10,22 +10,22 @@ Settings, read from the environment once per process, at the first call of any p
 - `AITER_JIT=error`: JitCompileRefused (a RuntimeError) carries the message; nothing compiles.
 - `FLYDSL_RUNTIME_RUN_ONLY=1`: FlyDSL refuses every miss itself; JitCompileRefused with the
   same message replaces FlyDSL's error (which stays chained as its cause).
-- `AITER_AOT_FALLBACK=1`: the GEMM entries serve a call whose kernel the cache lacks with an
-  equivalent variant it holds, logged once (`aiter.ops.gemm_plan.Plan.launch`); when none is
-  cached, the policy above decides.
+- `AITER_AOT_FALLBACK=1`: the GEMM and conv3d entries serve a call whose kernel the cache lacks
+  with an equivalent variant it holds, logged once (`aiter.ops.gemm_plan.Plan.launch`,
+  `aiter.ops.conv3d`); when none is cached, the policy above decides.
 
 The monitor acts on kernels defined in aiter only, and not at all in the AOT builder's processes
 (`hooks.in_aot_build`), where compiling is the point. It subscribes to dispatch records, and
 watches FlyDSL through `aiter.aot.flydsl.hooks`, only when warn, error or run-only is in force;
 with the defaults, the first report uninstalls the installer and later reports build nothing.
 
-Adding a fallback to another family (MoE, conv3d, ...): list the variants its kernels document
-as computing the same result (same inputs and outputs, another blocking of the reduction), in
-the order to try them. At launch, when `settings().fallback` is on, test the planned kernel and
-then each variant with `kernels_cached(lambda: launch(variant))` (names the kernels, compiles
-and runs nothing), take the first one held, say so with `note_fallback`, report the record of
-the kernel actually used, and remember the answer per call signature: naming costs about a
-millisecond. gemm_plan.Plan.launch is the worked example.
+Adding a fallback to another family (MoE, attention, ...): list the variants its kernels
+document as computing the same result (same inputs and outputs, another blocking of the
+reduction), in the order to try them. At launch, when `settings().fallback` is on, pass the
+planned choice, the variants and a function launching one of them to `first_cached_variant`
+(it names kernels, compiling and running nothing, and remembers the answer), say so with
+`note_fallback` when the answer is not the planned choice, and report the record of the kernel
+actually used. gemm_plan.Plan.launch is the worked example.
 """
 
 from __future__ import annotations
@@ -36,10 +36,10 @@ import math
 import os
 import re
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiter import dispatch
 from aiter.aot.flydsl import hooks
@@ -55,6 +55,7 @@ UNTUNED = "untuned shape, heuristic"
 ABSENT = "(absent)"  # a parameter one side does not have
 
 log = logging.getLogger(LOGGER_NAME)
+T = TypeVar("T")
 
 
 class JitCompileRefused(RuntimeError):
@@ -432,6 +433,7 @@ _lock = threading.RLock()
 _settings: Settings | None = None
 _monitor: _Monitor | None = None
 _fallbacks_noted: set[tuple[str, str, str]] = set()
+_variants_chosen: dict[Hashable, object] = {}  # see first_cached_variant
 
 
 def settings() -> Settings:
@@ -503,6 +505,34 @@ def kernels_cached(launch: Callable[[], object]) -> bool:
     with hooks.name_launches() as named:
         launch()
     return all(request.exists() or not request.cache_dir for request in named)
+
+
+def first_cached_variant(
+    memo_key: Hashable, planned: T, variants: Sequence[T], launch: Callable[[T], object]
+) -> T:
+    """`planned` when the cache holds the kernels `launch(planned)` launches, else the first of
+    `variants` whose kernels it holds, else `planned` (the JIT policy then decides). Names
+    kernels only: nothing compiles or runs. A variant `launch` refuses (ValueError or
+    NotImplementedError: the call's shape rules it out) is skipped.
+
+    Naming costs about a millisecond: the answer is remembered under `memo_key`, which must
+    hold everything the kernels depend on (the call's signature, `planned` and `variants`).
+    """
+    with _lock:
+        if memo_key in _variants_chosen:
+            return _variants_chosen[memo_key]  # type: ignore[return-value]
+    chosen = planned
+    if not kernels_cached(lambda: launch(planned)):
+        for variant in variants:
+            try:
+                if kernels_cached(lambda v=variant: launch(v)):
+                    chosen = variant
+                    break
+            except (ValueError, NotImplementedError):
+                continue
+    with _lock:
+        _variants_chosen[memo_key] = chosen
+    return chosen
 
 
 def note_fallback(op: str, planned: str, used: str) -> None:

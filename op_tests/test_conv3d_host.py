@@ -101,6 +101,19 @@ def test_split_k_follows_the_frame_count():
     assert {d for d, s in splits.items() if s == 1} == set(range(21, 41))
 
 
+def test_equivalent_choices_try_other_splits_then_the_heuristic():
+    g = geometry(8, k=64, h=32, w=32)  # heuristic: tile 64x64, split 1
+    planned = config.ConvChoice("mfma", ConvTile(32, 32, 2, 2, 4), 4)
+    variants = config.equivalent_choices(planned, g, 80)
+    assert [(v.tile, v.split_k) for v in variants] == [
+        (planned.tile, 1),
+        (planned.tile, 2),
+        (planned.tile, 8),
+        (ConvTile(64, 64, 2, 2, 8), 1),
+    ]
+    assert config.describe(planned) == "flydsl_conv3d_mfma_32x32_w2x2_g4 split_k=4"
+
+
 # --- the entry in a dry run ---
 
 

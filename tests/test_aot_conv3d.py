@@ -9,6 +9,8 @@ must find along the frame axis.
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import textwrap
 from pathlib import Path
@@ -176,3 +178,56 @@ def test_an_empty_cache_misses(setup, tmp_path):
     proc = _serve(env, tmp_path / "empty", "gfx942", seed=1, cases=1, tmp_path=tmp_path)
     assert proc.returncode != 0
     assert "FLYDSL_RUNTIME_RUN_ONLY=1 but no usable AOT cache" in proc.stderr
+
+
+FALLBACK = textwrap.dedent("""
+    import json, logging, torch
+    import aiter
+    from aiter import dispatch
+    from aiter.aot.flydsl import hooks
+    from aiter.aot.flydsl.dry_run import dry_run
+    logging.basicConfig(format="LOG %(name)s %(levelname)s %(message)s")
+    with dispatch.observe() as records, dry_run("gfx942", 80, hooks.MODE_COMPILE):
+        w = torch.empty((32, 32, 3, 3, 3), dtype=torch.bfloat16, device="cuda")
+        b = torch.empty((32,), dtype=torch.bfloat16, device="cuda")
+        for _ in range(2):
+            x = torch.empty((1, 8, 8, 8, 32), dtype=torch.bfloat16, device="cuda")
+            aiter.conv3d(x, w, b, padding=1, input_layout="NDHWC", output_layout="NDHWC")
+    print("RESULT " + json.dumps([[r.kernel, r.params] for r in records]))
+    """)
+
+
+def _split_entries(cache: Path, split_k: int) -> list[Path]:
+    """gfx942's conv kernel entries compiled for `split_k` (the epilogue's left in place)."""
+    manifest = json.loads((cache / "aiter_aot_manifest.json").read_text())
+    return [
+        cache / rel
+        for rel, record in manifest["archs"]["gfx942"]["conv3d"].items()
+        if record["function"] == "conv3d_implicit" and f"split_k={split_k} " in record["params"]
+    ]
+
+
+def test_the_fallback_serves_a_deleted_split_with_its_cached_sibling(built, setup, tmp_path):
+    env, _ = setup
+    cache = Path(shutil.copytree(built[2], tmp_path / "cache"))
+    split2 = _split_entries(cache, 2)
+    assert split2 and _split_entries(cache, 1)  # 8 frames split in two; 21..31 frames do not
+    for entry in split2:
+        entry.unlink()
+    refused = serve_from_cache(FALLBACK, [], env, cache, tmp_path)
+    assert refused.returncode != 0 and "FLYDSL_RUNTIME_RUN_ONLY=1" in refused.stderr
+
+    proc = serve_from_cache(FALLBACK, [], {**env, "AITER_AOT_FALLBACK": "1"}, cache, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    tile = "flydsl_conv3d_mfma_32x32_w2x2_g4"  # the heuristic tile for 8 and 21..31 frames
+    logged = [line for line in proc.stderr.splitlines() if line.startswith("LOG aiter.jit ")]
+    assert logged == [
+        f"LOG aiter.jit WARNING conv3d: kernel {tile} split_k=2 is not in the kernel cache; "
+        f"serving it with the cached equivalent {tile} split_k=1 instead (AITER_AOT_FALLBACK=1: "
+        "the same result, the K sum blocked differently)"
+    ]
+    [line] = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    records = json.loads(line[len("RESULT ") :])
+    assert [kernel for kernel, _ in records] == [tile, tile]
+    for _, params in records:
+        assert params["split_k"] == 1 and params["fallback_from"] == f"{tile} split_k=2"

@@ -4,12 +4,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import weakref
 from collections.abc import Sequence
 
 import torch
 
-from aiter import device, dispatch
+from aiter import device, dispatch, jit_monitor
 from aiter.ops import conv3d_config
 from aiter.ops.conv3d_tables import LAYOUTS
 
@@ -196,31 +197,57 @@ def _padded_input(x: torch.Tensor, input_layout: str, groups: int, route: str) -
 def _launch(x, input_layout, weight, bias, geometry, served, output_layout, args) -> torch.Tensor:
     from aiter.ops.flydsl import conv3d as kernels
 
-    choice = served.choice
-    # Reported before the pre-transpose kernel launches: a miss there names this call.
-    how = _input_route(x, input_layout, geometry.groups)
-    served.report(args, input=how, output_layout=output_layout)
-    x_padded = _padded_input(x, input_layout, geometry.groups, how)
     g = geometry
-    out = torch.empty(g.out_shape(output_layout), dtype=x.dtype, device=x.device)
-    workspace = None
-    if choice.split_k > 1:
-        workspace = torch.empty(
-            kernels.conv3d_workspace_shape(g, choice.split_k),
-            dtype=kernels.WORKSPACE_DTYPE,
-            device=x.device,
+    packed_weight = _packed_weight(weight, g.groups)
+
+    def launch(choice: conv3d_config.ConvChoice, x_padded: torch.Tensor) -> torch.Tensor:
+        out = torch.empty(g.out_shape(output_layout), dtype=x.dtype, device=x.device)
+        workspace = None
+        if choice.split_k > 1:
+            workspace = torch.empty(
+                kernels.conv3d_workspace_shape(g, choice.split_k),
+                dtype=kernels.WORKSPACE_DTYPE,
+                device=x.device,
+            )
+        kernels.launch_conv3d(
+            x_padded,
+            packed_weight,
+            bias,
+            out,
+            workspace,
+            geometry=g,
+            tile=choice.tile,
+            split_k=choice.split_k,
+            output_layout=output_layout,
+            mma=choice.mma,
+            stream=device.current_stream(),
         )
-    kernels.launch_conv3d(
-        x_padded,
-        _packed_weight(weight, g.groups),
-        bias,
-        out,
-        workspace,
-        geometry=g,
-        tile=choice.tile,
-        split_k=choice.split_k,
-        output_layout=output_layout,
-        mma=choice.mma,
-        stream=device.current_stream(),
-    )
-    return out
+        return out
+
+    if jit_monitor.settings().fallback:
+        # Naming needs only the input's shape: a stand-in, so the pre-transpose runs once.
+        stand_in = torch.empty(g.x_padded_shape(), dtype=x.dtype, device=x.device)
+        served = _cached_variant(served, g, bias is not None, x.dtype, output_layout,
+                                 lambda choice: launch(choice, stand_in))  # fmt: skip
+    # Reported before the pre-transpose kernel launches: a miss there names this call.
+    how = _input_route(x, input_layout, g.groups)
+    served.report(args, input=how, output_layout=output_layout)
+    return launch(served.choice, _padded_input(x, input_layout, g.groups, how))
+
+
+def _cached_variant(served, geometry, has_bias, dtype, output_layout, launch):
+    """`served` when the cache holds its kernels, else the plan of the first equivalent choice
+    it holds (logged once), else `served` (the JIT policy then decides)."""
+    planned = served.choice
+    cu_num = device.cu_num()
+    variants = conv3d_config.equivalent_choices(planned, geometry, cu_num)
+    memo = (
+        conv3d_config.OP, device.arch(), cu_num, geometry, has_bias, dtype, output_layout,
+        tuple(conv3d_config.describe(c) for c in (planned, *variants)),
+    )  # fmt: skip
+    choice = jit_monitor.first_cached_variant(memo, planned, variants, launch)
+    if choice == planned:
+        return served
+    describe = conv3d_config.describe
+    jit_monitor.note_fallback(conv3d_config.OP, describe(planned), describe(choice))
+    return dataclasses.replace(served, choice=choice, planned=planned)

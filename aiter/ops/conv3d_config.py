@@ -18,6 +18,7 @@ from aiter.tuning import Row, TableError, TunedTable
 
 OP = "conv3d"
 MAX_SPLIT_K = 8
+SPLIT_KS = tuple(1 << i for i in range(MAX_SPLIT_K.bit_length()))  # 1, 2, 4, 8: what fallbacks try
 MIN_STEPS_PER_SPLIT = 4  # a split shorter than this costs more in its epilogue than it saves
 TILE_N_LADDER = (32, 64, 128)  # by output channels per group
 # (output positions at or above which, tile_m), largest first.
@@ -129,6 +130,7 @@ class ConvPlan:
     row: Row | None
     match: str  # EXACT, BORROWED or HEURISTIC
     choice: ConvChoice | None  # None: the row says torch
+    planned: ConvChoice | None = None  # set when a fallback replaced this choice
 
     @property
     def use_torch(self) -> bool:
@@ -160,10 +162,36 @@ class ConvPlan:
             self.choice.name,
             source,
             row,
-            {"match": self.match, "split_k": self.choice.split_k, **params},
+            {"match": self.match, "split_k": self.choice.split_k, **self._fallback(), **params},
             args=described,
             table=CONV3D.short_name,
         )
+
+    def _fallback(self) -> dict[str, str]:
+        return {"fallback_from": describe(self.planned)} if self.planned is not None else {}
+
+
+def describe(choice: ConvChoice) -> str:
+    return f"{choice.name} split_k={choice.split_k}"
+
+
+def equivalent_choices(choice: ConvChoice, geometry: Any, cu_num: int) -> list[ConvChoice]:
+    """Kernels that compute what `choice` computes, in the order a fallback tries them:
+    `choice`'s tile with split_k 1, then with the other SPLIT_KS, then the heuristic's tile and
+    split-K (`choice` itself left out).
+
+    Every tile and split-K reads the same padded input and packed weight and writes the same
+    output (launch_conv3d's contract); they change only how the reduction over C * kT * kH * kW
+    is blocked and in which order its fp32 partial sums are added.
+    """
+    variants = [ConvChoice(choice.mma, choice.tile, s) for s in SPLIT_KS]
+    tile = heuristic_tile(geometry, choice.mma)
+    variants.append(ConvChoice(choice.mma, tile, heuristic_split_k(geometry, tile, cu_num)))
+    unique: list[ConvChoice] = []
+    for variant in variants:
+        if variant != choice and variant not in unique:
+            unique.append(variant)
+    return unique
 
 
 def _ladder(value: int, ladder: tuple[tuple[int, int], ...]) -> int:

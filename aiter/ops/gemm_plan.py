@@ -8,7 +8,6 @@ cache lacks with an equivalent kernel it holds (gemm_config.KernelFamily.equival
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
@@ -84,31 +83,11 @@ class Plan:
         # The kernels a choice launches do not depend on M, the variants only through the
         # heuristic's: the answer holds for every call with this key and these variants.
         memo = (self.op, call.key, tuple(_describe(c) for c in (planned, *variants)))
-        with _variants_lock:
-            choice = _variants.get(memo)
-        if choice is None:
-            choice = self._first_cached(launch, variants)
-            with _variants_lock:
-                _variants[memo] = choice
-        if choice == self.choice:
+        choice = jit_monitor.first_cached_variant(memo, planned, variants, launch)
+        if choice == planned:
             return self
-        jit_monitor.note_fallback(self.op, _describe(self.choice), _describe(choice))
-        return dataclasses.replace(self, choice=choice, planned=self.choice)
-
-    def _first_cached(
-        self, launch: Callable[[KernelChoice], object], variants: list[KernelChoice]
-    ) -> KernelChoice:
-        """The plan's choice when the cache holds its kernels, else the first of `variants` it
-        holds, else the plan's choice. Names kernels only: nothing compiles or runs."""
-        if jit_monitor.kernels_cached(lambda: launch(self.choice)):
-            return self.choice
-        for variant in variants:
-            try:
-                if jit_monitor.kernels_cached(lambda v=variant: launch(v)):
-                    return variant
-            except (ValueError, NotImplementedError):  # a variant this call's shape rules out
-                continue
-        return self.choice
+        jit_monitor.note_fallback(self.op, _describe(planned), _describe(choice))
+        return dataclasses.replace(self, choice=choice, planned=planned)
 
     def _record(self, args: Args | None = None) -> dispatch.DispatchRecord:
         source = "table" if self.row is not None else "heuristic"
@@ -136,12 +115,6 @@ class Plan:
             args=described,
             table=self.table,
         )
-
-
-# Fallback answers per (op, lookup key, planned choice and its variants): naming kernels costs
-# about a millisecond; the key leaves M out, so the memo stays as small as the tables' shapes.
-_variants: dict[tuple[str, tuple[tuple[str, object], ...], tuple[str, ...]], KernelChoice] = {}
-_variants_lock = threading.Lock()
 
 
 def _describe(choice: KernelChoice) -> str:
