@@ -10,16 +10,16 @@ Settings, read from the environment once per process, at the first call of any p
 - `AITER_JIT=error`: JitCompileRefused (a RuntimeError) carries the message; nothing compiles.
 - `FLYDSL_RUNTIME_RUN_ONLY=1`: FlyDSL refuses every miss itself; JitCompileRefused with the
   same message replaces FlyDSL's error (which stays chained as its cause).
-- `AITER_AOT_FALLBACK=1`: the GEMM and conv3d entries serve a call whose kernel the cache lacks
-  with an equivalent variant it holds, logged once (`aiter.ops.gemm_plan.Plan.launch`,
-  `aiter.ops.conv3d`); when none is cached, the policy above decides.
+- `AITER_AOT_FALLBACK=1`: the GEMM, conv3d and fused-MoE entries serve a call whose kernel the
+  cache lacks with an equivalent variant it holds, logged once (`aiter.ops.gemm_plan.Plan.launch`,
+  `aiter.ops.conv3d`, `aiter.ops.moe`); when none is cached, the policy above decides.
 
 The monitor acts on kernels defined in aiter only, and not at all in the AOT builder's processes
 (`hooks.in_aot_build`), where compiling is the point. It subscribes to dispatch records, and
 watches FlyDSL through `aiter.aot.flydsl.hooks`, only when warn, error or run-only is in force;
 with the defaults, the first report uninstalls the installer and later reports build nothing.
 
-Adding a fallback to another family (MoE, attention, ...): list the variants its kernels
+Adding a fallback to another family (attention, ...): list the variants its kernels
 document as computing the same result (same inputs and outputs, another blocking of the
 reduction), in the order to try them. At launch, when `settings().fallback` is on, pass the
 planned choice, the variants and a function launching one of them to `first_cached_variant`
@@ -535,17 +535,21 @@ def first_cached_variant(
     return chosen
 
 
-def note_fallback(op: str, planned: str, used: str) -> None:
-    """Log, once per (op, planned, used), that a call was served by a cached equivalent."""
+def note_fallback(
+    op: str, planned: str, used: str, differs: str = "the K sum blocked differently"
+) -> None:
+    """Log, once per (op, planned, used), that a call was served by a cached equivalent;
+    `differs` says how the two kernels differ."""
     with _lock:
         if (op, planned, used) in _fallbacks_noted:
             return
         _fallbacks_noted.add((op, planned, used))
     log.warning(
         "%s: kernel %s is not in the kernel cache; serving it with the cached equivalent %s "
-        "instead (%s=1: the same result, the K sum blocked differently)",
+        "instead (%s=1: the same result, %s)",
         op,
         planned,
         used,
         ENV_FALLBACK,
+        differs,
     )

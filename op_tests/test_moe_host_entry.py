@@ -170,6 +170,28 @@ def test_the_k_split_changes_inside_one_padded_bucket(table):
     assert low.params["ksplit"] == 2 and high.params["ksplit"] == 1
 
 
+def test_equivalent_choices_try_other_splits_and_modes_then_the_planner():
+    from aiter.ops.flydsl.tiles import GemmTile
+
+    shape = moe_config.MoeShape(2048, 256, 8, 2, "silu", str(BF16), str(BF16), str(BF16),
+                                False, False)  # fmt: skip
+    tile = GemmTile(128, 64, 64)
+    planned = moe_config.MoeChoice("mfma", 128, tile, tile, 4, "reduce")
+    variants = moe_config.equivalent_choices(planned, shape, 300, 304)
+    heuristic = moe_config.heuristic_choice(shape, 300, 304, "mfma")
+    assert [(v.block_m, v.ksplit, v.stage2_mode) for v in variants] == [
+        (128, 1, "reduce"),
+        (128, 2, "reduce"),
+        (128, 1, "atomic"),
+        (128, 2, "atomic"),
+        (128, 4, "atomic"),
+        (heuristic.block_m, heuristic.ksplit, "atomic"),
+    ]
+    assert moe_config.describe(planned) == (
+        "flydsl_moe1_mfma_128x64x64+flydsl_moe2_mfma_128x64x64_reduce ksplit=4"
+    )
+
+
 def test_a_row_names_the_kernels(table):
     path = table(
         {

@@ -7,6 +7,8 @@ at 305 tokens, inside the padded bucket of 512: the replay must find that withou
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import textwrap
 from pathlib import Path
@@ -195,3 +197,58 @@ def test_an_empty_cache_misses(setup, tmp_path):
     proc = _serve(env, tmp_path / "empty", "gfx942", seed=1, cases=1, tmp_path=tmp_path)
     assert proc.returncode != 0
     assert "FLYDSL_RUNTIME_RUN_ONLY=1 but no usable AOT cache" in proc.stderr
+
+
+FALLBACK = textwrap.dedent("""
+    import json, logging, torch
+    from aiter import dispatch
+    from aiter.aot.flydsl import hooks
+    from aiter.aot.flydsl.dry_run import dry_run
+    from aiter.ops.moe import fused_moe
+    logging.basicConfig(format="LOG %(name)s %(levelname)s %(message)s")
+    empty = lambda shape, dtype: torch.empty(shape, dtype=dtype, device="cuda")
+    with dispatch.observe() as records, dry_run("gfx942", 304, hooks.MODE_COMPILE):
+        for _ in range(2):
+            fused_moe(
+                empty((300, 2048), torch.bfloat16), empty((8, 512, 2048), torch.bfloat16),
+                empty((8, 2048, 256), torch.bfloat16), empty((300, 2), torch.float32),
+                empty((300, 2), torch.int32),
+            )
+    print("RESULT " + json.dumps([[r.kernel, r.params] for r in records]))
+    """)
+
+
+def _stage1_entries(cache: Path, ksplit: int) -> list[Path]:
+    """gfx942's stage-1 GEMM entries compiled with `ksplit`."""
+    manifest = json.loads((cache / "aiter_aot_manifest.json").read_text())
+    return [
+        cache / rel
+        for rel, record in manifest["archs"]["gfx942"]["moe"].items()
+        if record["function"] == "moe_stage1" and f"ksplit={ksplit} " in record["params"]
+    ]
+
+
+def test_the_fallback_serves_a_deleted_k_split_with_its_cached_sibling(built, setup, tmp_path):
+    env, _ = setup
+    cache = Path(shutil.copytree(built[2], tmp_path / "cache"))
+    split2 = _stage1_entries(cache, 2)
+    assert split2 and _stage1_entries(cache, 1)  # 300 tokens split K in two; 305..512 do not
+    for entry in split2:
+        entry.unlink()
+    refused = serve_from_cache(FALLBACK, [], env, cache, tmp_path)
+    assert refused.returncode != 0 and "FLYDSL_RUNTIME_RUN_ONLY=1" in refused.stderr
+
+    proc = serve_from_cache(FALLBACK, [], {**env, "AITER_AOT_FALLBACK": "1"}, cache, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [line] = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    records = json.loads(line[len("RESULT ") :])
+    [kernels] = {kernel for kernel, _ in records}
+    planned = f"{kernels} ksplit=2"
+    logged = [line for line in proc.stderr.splitlines() if line.startswith("LOG aiter.jit ")]
+    assert logged == [
+        f"LOG aiter.jit WARNING fused_moe: kernel {planned} is not in the kernel cache; serving "
+        f"it with the cached equivalent {kernels} ksplit=1 instead (AITER_AOT_FALLBACK=1: the "
+        "same result, the sums blocked and ordered differently)"
+    ]
+    for _, params in records:
+        assert params["ksplit"] == 1 and params["fallback_from"] == planned

@@ -4,11 +4,13 @@ expert blocks (`moe_sorting`) and the two-stage layer (`fused_moe`). Validate, p
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
-from aiter import device, dispatch
+from aiter import device, dispatch, jit_monitor
 from aiter.ops import moe_host
-from aiter.ops.moe_config import MoeChoice, MoeShape, plan
+from aiter.ops.moe_config import OP, MoeChoice, MoeShape, describe, equivalent_choices, plan
 
 __all__ = ["fused_moe", "fused_topk", "moe_sorting"]
 
@@ -327,15 +329,40 @@ def fused_moe(
             "doweight_stage1": str(bool(doweight_stage1)),
         }
 
+    def launch(choice: MoeChoice) -> torch.Tensor:
+        routing = _sort(
+            topk_ids, topk_weights, shape.experts, choice.block_m, expert_mask, num_local_tokens,
+            m, topk,
+        )  # fmt: skip
+        out1 = _stage1(hidden_states, w1, w1_scale, bias1, routing, choice, shape, gate_mode, topk)
+        return _stage2(out1, w2, w2_scale, bias2, routing, choice, shape, m, topk,
+                       hidden_states.dtype)  # fmt: skip
+
+    if jit_monitor.settings().fallback:
+        flags = (gate_mode, bias1 is not None, bias2 is not None, expert_mask is not None,
+                 num_local_tokens is not None)  # fmt: skip
+        served = _cached_variant(served, shape, flags, launch)
     served.report(args)
-    choice = served.choice
-    sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids = _sort(
-        topk_ids, topk_weights, shape.experts, choice.block_m, expert_mask, num_local_tokens,
-        m, topk,
-    )  # fmt: skip
-    routing = (sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids)
-    out1 = _stage1(hidden_states, w1, w1_scale, bias1, routing, choice, shape, gate_mode, topk)
-    return _stage2(out1, w2, w2_scale, bias2, routing, choice, shape, m, topk, hidden_states.dtype)
+    return launch(served.choice)
+
+
+def _cached_variant(served, shape: MoeShape, flags: tuple, launch):
+    """`served` when the cache holds its kernels, else the plan of the first equivalent kernel
+    set it holds (logged once), else `served` (the JIT policy then decides). `flags` holds what
+    besides `shape` and the choice selects kernels."""
+    planned, cu_num = served.choice, device.cu_num()
+    variants = equivalent_choices(planned, shape, served.tokens, cu_num)
+    # The token count is a kernel argument, not a compile-time parameter: it enters the memo
+    # only through the planner's variant, which its description carries.
+    memo = (OP, device.arch(), cu_num, shape, flags,
+            tuple(describe(c) for c in (planned, *variants)))  # fmt: skip
+    choice = jit_monitor.first_cached_variant(memo, planned, variants, launch)
+    if choice == planned:
+        return served
+    jit_monitor.note_fallback(
+        OP, describe(planned), describe(choice), "the sums blocked and ordered differently"
+    )
+    return dataclasses.replace(served, choice=choice, planned=planned)
 
 
 def _stage1(hidden, w1, w1_scale, bias1, routing, choice: MoeChoice, shape, gate_mode, topk):

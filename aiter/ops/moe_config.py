@@ -4,6 +4,7 @@ fallback tiers), its kernel names, else the C++ planner's block size and K split
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ OP = "fused_moe"
 DEFAULT_TILE_N = 64
 DEFAULT_TILE_K = {False: 64, True: 128}
 DEFAULT_STAGE2_MODE = "atomic"
+KSPLITS = (1, 2, 4)  # the stage-1 K splits the C++ planner chooses from, and fallbacks try
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ class MoePlan:
     padded: int  # the token count the table was searched at
     row: Row | None
     choice: MoeChoice
+    planned: MoeChoice | None = None  # set when a fallback replaced this choice
 
     def report(self, args: Callable[[], dict[str, str]] | None = None) -> None:
         """Tell aiter.dispatch how the call is served; `args` describes the call's arguments."""
@@ -101,10 +104,53 @@ class MoePlan:
                 "block_m": c.block_m,
                 "ksplit": c.ksplit,
                 "stage2_mode": c.stage2_mode,
+                **({"fallback_from": describe(self.planned)} if self.planned else {}),
             },
             args=args() if args is not None else {},
             table=moe_tables.FMOE.short_name,
         )
+
+
+def describe(choice: MoeChoice) -> str:
+    return f"{choice.stage1_name}+{choice.stage2_name} ksplit={choice.ksplit}"
+
+
+def heuristic_choice(shape: MoeShape, tokens: int, cu_num: int, mma: str) -> MoeChoice:
+    """The C++ planner's block size and K split, the default tiles and stage-2 mode."""
+    block_m = moe_host.moe_block_m(tokens, shape.topk, shape.experts, shape.inter_dim, cu_num)
+    ksplit = moe_host.moe_ksplit(
+        tokens, shape.topk, shape.experts, shape.model_dim, shape.inter_dim, block_m, cu_num
+    )
+    default = GemmTile(block_m, DEFAULT_TILE_N, DEFAULT_TILE_K[shape.quantized])
+    return MoeChoice(mma, block_m, default, default, ksplit, DEFAULT_STAGE2_MODE)
+
+
+def equivalent_choices(
+    choice: MoeChoice, shape: MoeShape, tokens: int, cu_num: int
+) -> list[MoeChoice]:
+    """Kernel sets that compute what `choice` computes, in the order a fallback tries them:
+    `choice`'s tiles with each K split of KSPLITS in its stage-2 mode, then in the other mode,
+    then the planner's choice (`choice` itself left out).
+
+    Stage 1's K split only blocks the model_dim sum (fp32 partials, the activation after);
+    stage 2's modes add the same weighted rows, atomically into the output or per slot in fp32
+    and then summed; the block size only groups the sorted rows. Inputs and outputs are the
+    same for all of them, the result equal up to the order of the fp32 additions.
+    """
+    from aiter.ops.flydsl.moe_gemm import STAGE_MODES
+
+    modes = (choice.stage2_mode, *(m for m in STAGE_MODES if m != choice.stage2_mode))
+    variants = [
+        dataclasses.replace(choice, ksplit=ksplit, stage2_mode=mode)
+        for mode in modes
+        for ksplit in KSPLITS
+    ]
+    variants.append(heuristic_choice(shape, tokens, cu_num, choice.mma))
+    unique: list[MoeChoice] = []
+    for variant in variants:
+        if variant != choice and variant not in unique:
+            unique.append(variant)
+    return unique
 
 
 def tuned_row(key: Mapping[str, object], tokens: int) -> tuple[int, Row | None]:
