@@ -1,7 +1,8 @@
 """The shipped cache: a wheel built with AITER_AOT=1 for gfx942 from a small table holds the cache
 and its manifest; installed into a fresh virtualenv, a process serves from it under RUN_ONLY with
 no cache variable set; the user's FLYDSL_RUNTIME_CACHE_DIR wins; `--info` reports a version
-mismatch; a read-only shipped cache serves and survives a compile on the serving path.
+mismatch; a read-only shipped cache (a read-only bind mount where the machine allows one, else
+AITER_CACHE_READONLY=1) serves and survives a compile on the serving path.
 """
 
 from __future__ import annotations
@@ -135,6 +136,55 @@ def test_info_names_the_shipped_cache_and_a_version_mismatch(wheel, tmp_path):
     proc = _run(venv, info, tmp_path, FLYDSL_RUNTIME_CACHE_DIR=str(other))
     assert "VERSION MISMATCH flydsl: the cache was built with 0.0.1" in proc.stdout
     assert "every lookup will miss" in proc.stdout
+
+
+# Runs a command with `directory` bind-mounted read-only over itself, in a mount namespace of
+# its own: what a wheel installed on a read-only image layer looks like, even to root.
+READ_ONLY_MOUNT = ["unshare", "--mount", "sh", "-c", 'mount --bind -o ro "$0" "$0" && exec "$@"']
+
+
+def _why_no_read_only_mount(tmp_path: Path) -> str | None:
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    try:
+        done = subprocess.run(
+            [*READ_ONLY_MOUNT, str(probe), "sh", "-c", f'! touch "{probe}/file" 2>/dev/null'],
+            capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+    except FileNotFoundError:
+        return "no unshare command"
+    if done.returncode != 0:
+        return f"cannot make a read-only bind mount here: {done.stderr.strip()[-200:]}"
+    return None
+
+
+def test_a_shipped_cache_on_a_read_only_mount_serves_and_survives_a_compile(
+    wheel, tmp_path, rocm_path
+):
+    """No AITER_CACHE_READONLY: the runtime finds out itself that it cannot write there."""
+    reason = _why_no_read_only_mount(tmp_path)
+    if reason:
+        pytest.skip(reason)
+    _, venv, _ = wheel
+    shipped = venv[1] / "aiter" / "flydsl_cache"
+    before = sorted(p.relative_to(shipped) for p in shipped.rglob("*"))
+    overlay = tmp_path / "overlay"
+    # The virtualenv's python behind a script that mounts the shipped cache read-only first.
+    python = tmp_path / "python-read-only-cache"
+    mount = " ".join(f"'{arg}'" for arg in READ_ONLY_MOUNT)
+    python.write_text(f'#!/bin/sh\n{mount} "{shipped}" "{venv[0]}" "$@"\n')
+    python.chmod(0o755)
+    launcher = (python, venv[1])
+    env = {"AITER_CACHE_OVERLAY_DIR": str(overlay)}
+    served = _run(launcher, [str(tmp_path / "serve.py"), "20"], tmp_path,
+                  FLYDSL_RUNTIME_RUN_ONLY="1", **env)  # fmt: skip
+    assert served.returncode == 0, served.stderr[-3000:]
+    assert f"cache {overlay}" in served.stdout
+    compiled = _run(launcher, [str(tmp_path / "serve.py"), "20", "bias"], tmp_path,
+                    ROCM_PATH=rocm_path, **env)  # fmt: skip
+    assert compiled.returncode == 0, compiled.stderr[-3000:]
+    assert sorted(p.relative_to(shipped) for p in shipped.rglob("*")) == before
+    assert [p for p in overlay.rglob("*.pkl") if not p.is_symlink()]
 
 
 def test_a_read_only_shipped_cache_serves_and_survives_a_compile(wheel, tmp_path, rocm_path):
