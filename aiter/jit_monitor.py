@@ -10,16 +10,17 @@ Settings, read from the environment once per process, at the first call of any p
 - `AITER_JIT=error`: JitCompileRefused (a RuntimeError) carries the message; nothing compiles.
 - `FLYDSL_RUNTIME_RUN_ONLY=1`: FlyDSL refuses every miss itself; JitCompileRefused with the
   same message replaces FlyDSL's error (which stays chained as its cause).
-- `AITER_AOT_FALLBACK=1`: the GEMM, conv3d and fused-MoE entries serve a call whose kernel the
-  cache lacks with an equivalent variant it holds, logged once (`aiter.ops.gemm_plan.Plan.launch`,
-  `aiter.ops.conv3d`, `aiter.ops.moe`); when none is cached, the policy above decides.
+- `AITER_AOT_FALLBACK=1`: every entry serves a call whose kernel the cache lacks with an
+  equivalent variant it holds, logged once (`aiter.ops.gemm_plan.Plan.launch`,
+  `aiter.ops.conv3d`, `aiter.ops.moe`, `aiter.ops.attention`); when none is cached, the policy
+  above decides.
 
 The monitor acts on kernels defined in aiter only, and not at all in the AOT builder's processes
 (`hooks.in_aot_build`), where compiling is the point. It subscribes to dispatch records, and
 watches FlyDSL through `aiter.aot.flydsl.hooks`, only when warn, error or run-only is in force;
 with the defaults, the first report uninstalls the installer and later reports build nothing.
 
-Adding a fallback to another family (attention, ...): list the variants its kernels
+Adding a fallback to a new family: list the variants its kernels
 document as computing the same result (same inputs and outputs, another blocking of the
 reduction), in the order to try them. At launch, when `settings().fallback` is on, pass the
 planned choice, the variants and a function launching one of them to `first_cached_variant`

@@ -81,6 +81,24 @@ def test_one_axis_functions_are_what_the_plan_uses():
     assert set(plan.ONE_AXIS) == {"seqlen_q", "seqlen_k"}
 
 
+def test_equivalent_choices_change_the_block_then_the_rescale_then_the_split():
+    planned = plan.AttnChoice("mfma", 128, 6.0, 4, False, 128, 128)
+    call = dict(causal=True, batch=2, max_seqlen_q=300, max_seqlen_k=300)
+    variants = plan.equivalent_choices(planned, **call)
+    assert [(v.block_m, v.rescale_threshold, v.num_kv_splits, v.interleave) for v in variants] == [
+        (64, 6.0, 4, False),
+        (128, 0.0, 4, False),
+        (64, 0.0, 4, False),
+        (128, 6.0, 1, True),  # causal self-attention over an even batch, no split: interleaved
+        (64, 6.0, 1, True),
+        (128, 0.0, 1, True),
+        (64, 0.0, 1, True),
+    ]
+    exact = plan.AttnChoice("mfma", 64, 0.0, 1, True, 128, 128)
+    assert [v.block_m for v in plan.equivalent_choices(exact, **call)] == [128]
+    assert plan.describe(planned) == "flydsl_fmha_fp8_mfma_bm128_d128x128_r6_split splits=4"
+
+
 # --- the entry in a dry run ---
 
 

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from aiter import device, dispatch
+from aiter import device, dispatch, jit_monitor
 from aiter.ops import attention_plan
 
 __all__ = ["flash_attn_fp8"]
@@ -157,29 +157,51 @@ def flash_attn_fp8(
             shown.update(max_seqlen_q=str(sq), max_seqlen_kv=str(sk), batch=str(batch))
         return shown | {"causal": str(bool(causal)), "return_lse": str(bool(return_lse))}
 
-    choice.report(described, layout="varlen" if varlen else "dense", return_lse=bool(return_lse))
-    out = torch.empty(out_shape, dtype=OUT_DTYPE, device=q.device)
-    lse = torch.empty(lse_shape, dtype=LSE_DTYPE, device=q.device) if return_lse else None
-    workspace_out = workspace_lse = None
-    if choice.num_kv_splits > 1:
-        ws_out, ws_lse = kernels.split_workspace_shapes(rows, hq, dv, choice.num_kv_splits)
-        workspace_out = torch.empty(ws_out, dtype=kernels.WORKSPACE_DTYPE, device=q.device)
-        workspace_lse = torch.empty(ws_lse, dtype=kernels.WORKSPACE_DTYPE, device=q.device)
-    kernels.launch_flash_attn_fp8(
-        q, k, v, out, lse, *descales,
-        softmax_scale=1.0 / math.sqrt(d),
-        causal=bool(causal),
-        block_m=choice.block_m,
-        rescale_threshold=choice.rescale_threshold,
-        num_kv_splits=choice.num_kv_splits,
-        interleave=choice.interleave,
-        mma=mma,
-        cu_seqlens_q=cu_seqlens_q if varlen else None,
-        cu_seqlens_k=cu_seqlens_kv if varlen else None,
-        max_seqlen_q=sq if varlen else None,
-        max_seqlen_k=sk if varlen else None,
-        workspace_out=workspace_out,
-        workspace_lse=workspace_lse,
-        stream=device.current_stream(),
-    )  # fmt: skip
+    def launch(choice: attention_plan.AttnChoice) -> tuple[torch.Tensor, torch.Tensor | None]:
+        out = torch.empty(out_shape, dtype=OUT_DTYPE, device=q.device)
+        lse = torch.empty(lse_shape, dtype=LSE_DTYPE, device=q.device) if return_lse else None
+        workspace_out = workspace_lse = None
+        if choice.num_kv_splits > 1:
+            ws_out, ws_lse = kernels.split_workspace_shapes(rows, hq, dv, choice.num_kv_splits)
+            workspace_out = torch.empty(ws_out, dtype=kernels.WORKSPACE_DTYPE, device=q.device)
+            workspace_lse = torch.empty(ws_lse, dtype=kernels.WORKSPACE_DTYPE, device=q.device)
+        kernels.launch_flash_attn_fp8(
+            q, k, v, out, lse, *descales,
+            softmax_scale=1.0 / math.sqrt(d),
+            causal=bool(causal),
+            block_m=choice.block_m,
+            rescale_threshold=choice.rescale_threshold,
+            num_kv_splits=choice.num_kv_splits,
+            interleave=choice.interleave,
+            mma=mma,
+            cu_seqlens_q=cu_seqlens_q if varlen else None,
+            cu_seqlens_k=cu_seqlens_kv if varlen else None,
+            max_seqlen_q=sq if varlen else None,
+            max_seqlen_k=sk if varlen else None,
+            workspace_out=workspace_out,
+            workspace_lse=workspace_lse,
+            stream=device.current_stream(),
+        )  # fmt: skip
+        return out, lse
+
+    params: dict[str, object] = {"layout": "varlen" if varlen else "dense"}
+    params["return_lse"] = bool(return_lse)
+    if jit_monitor.settings().fallback:
+        planned = choice
+        calls = dict(causal=bool(causal), batch=batch, max_seqlen_q=sq, max_seqlen_k=sk)
+        variants = attention_plan.equivalent_choices(planned, **calls)
+        describe = attention_plan.describe
+        # What selects kernels besides the choices: the dtype, head counts and flags.
+        memo = (attention_plan.OP, device.arch(), device.cu_num(), q.dtype, hq, hkv,
+                tuple(sorted(params.items())), bool(causal),
+                tuple(describe(c) for c in (planned, *variants)))  # fmt: skip
+        choice = jit_monitor.first_cached_variant(memo, planned, variants, launch)
+        if choice != planned:
+            jit_monitor.note_fallback(
+                attention_plan.OP, describe(planned), describe(choice),
+                "the sums tiled, rescaled or split differently",
+            )  # fmt: skip
+            params["fallback_from"] = describe(planned)
+    choice.report(described, **params)
+    out, lse = launch(choice)
     return (out, lse) if return_lse else out

@@ -5,6 +5,7 @@ AOT replay reads ONE_AXIS to put every one-axis switch on its grid (see the READ
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -13,6 +14,7 @@ from aiter.ops.fmha_tables import FMHA_FP8
 
 OP = "flash_attn_fp8"
 SHORT_QUERIES = 256  # query block 64 up to this many queries, 128 above
+QUERY_BLOCKS = (64, 128)
 LAZY_RESCALE_KEYS = 4096  # up to this many keys the softmax rescales lazily
 LAZY_RESCALE_LOG2 = 6.0  # ... only when a row's max grows by more than 2**6 (P then fits fp8)
 SPLIT_MIN_QUERIES = 128  # KV splits serve long (prefill) queries only
@@ -137,6 +139,42 @@ class AttnChoice:
                 table=FMHA_FP8.short_name,
             )
         )
+
+
+def describe(choice: AttnChoice) -> str:
+    runtime = f" splits={choice.num_kv_splits}" + (" interleave" if choice.interleave else "")
+    return choice.name + runtime
+
+
+def equivalent_choices(
+    choice: AttnChoice, *, causal: bool, batch: int, max_seqlen_q: int, max_seqlen_k: int
+) -> list[AttnChoice]:
+    """Kernel sets that compute what `choice` computes, in the order a fallback tries them:
+    the other query block; then exact rescaling (threshold 0) in place of lazy, with either
+    block; then, for a split call, no split (batch interleaving then as `interleave` says),
+    with each of those (`choice` itself left out).
+
+    The query block only tiles the rows; the threshold only delays rescaling the running
+    output (exact rescaling keeps P <= 1, always within fp8); a split adds the same
+    exponentials in another order through the combine. The result is the same up to the order
+    and scaling of the fp32 sums.
+    """
+    blocks = (choice.block_m, *(b for b in QUERY_BLOCKS if b != choice.block_m))
+    thresholds = (choice.rescale_threshold, 0.0) if choice.rescale_threshold else (0.0,)
+    splits = (choice.num_kv_splits, 1) if choice.num_kv_splits > 1 else (1,)
+    variants = [
+        dataclasses.replace(
+            choice,
+            block_m=block_m,
+            rescale_threshold=threshold,
+            num_kv_splits=split,
+            interleave=interleave(causal, max_seqlen_q, max_seqlen_k, batch, split),
+        )
+        for split in splits
+        for threshold in thresholds
+        for block_m in blocks
+    ]
+    return [v for v in variants if v != choice]
 
 
 def plan(
