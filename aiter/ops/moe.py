@@ -359,9 +359,8 @@ def _cached_variant(served, shape: MoeShape, flags: tuple, launch):
     choice = jit_monitor.first_cached_variant(memo, planned, variants, launch)
     if choice == planned:
         return served
-    jit_monitor.note_fallback(
-        OP, describe(planned), describe(choice), "the sums blocked and ordered differently"
-    )
+    differs = "the sums blocked, ordered and rounded differently"
+    jit_monitor.note_fallback(OP, describe(planned), describe(choice), differs)
     return dataclasses.replace(served, choice=choice, planned=planned)
 
 

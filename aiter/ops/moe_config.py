@@ -133,9 +133,10 @@ def equivalent_choices(
     then the planner's choice (`choice` itself left out).
 
     Stage 1's K split only blocks the model_dim sum (fp32 partials, the activation after);
-    stage 2's modes add the same weighted rows, atomically into the output or per slot in fp32
-    and then summed; the block size only groups the sorted rows. Inputs and outputs are the
-    same for all of them, the result equal up to the order of the fp32 additions.
+    stage 2's modes add the same weighted rows, atomically into the output (each addition
+    rounded to its dtype) or per slot in fp32 and then summed; the block size only groups the
+    sorted rows. Inputs and outputs are the same for all of them, the result equal up to the
+    order and rounding of those additions, as between two tuned rows.
     """
     from aiter.ops.flydsl.moe_gemm import STAGE_MODES
 
