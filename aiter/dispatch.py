@@ -27,6 +27,8 @@ class DispatchRecord:
     # The call's arguments as text, argument name -> e.g. "bfloat16[32, 4096] row-major".
     args: dict[str, str] = field(default_factory=dict, compare=False)
     table: str | None = field(default=None, compare=False)  # the TableSpec's short name
+    # For a table of shapes (not of tuned choices): the cells of a row that would cover the call.
+    table_row: dict[str, str] | None = field(default=None, compare=False)
 
 
 def tensor_arg(t: Any, layout: str | None = None) -> str:

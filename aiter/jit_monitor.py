@@ -335,9 +335,13 @@ def fix_hint(record: dispatch.DispatchRecord | None, arch: str, cu_num: str, cac
     tables = f"{CONFIG_DIR_ENV}={config_dir} " if config_dir else ""  # the build reads the same
     build = f"{target}{tables}python -m aiter.aot.flydsl --module {module}"
     if record.row is None:
+        example = ""
+        if record.table_row:
+            cells = ",".join(record.table_row.get(column, "") for column in spec.header)
+            example = f", e.g. {cells}"
         return (
-            f"add a row for this shape to {spec.name} (--csv {spec.short_name}=PATH) and "
-            f"rebuild: {build} --csv {spec.short_name}=PATH{cache_arg}"
+            f"add a row for this shape to {spec.name}{example} (--csv {spec.short_name}=PATH) "
+            f"and rebuild: {build} --csv {spec.short_name}=PATH{cache_arg}"
         )
     row_file = record.row.rsplit(":", 1)[0]
     csv = "" if row_file == str(spec.default_path) else f" --csv {spec.short_name}={row_file}"

@@ -137,6 +137,29 @@ def test_outputs_and_kernels(varlen):
     assert functions and all(f.startswith("flash_attn_fp8") for f in functions)
 
 
+def test_a_miss_names_the_shapes_row_that_would_serve_the_call(monkeypatch, tmp_path):
+    from aiter import jit_monitor
+
+    monkeypatch.delenv("AITER_CONFIG_DIR", raising=False)
+    _, _, (record,) = attend(3, 100, 700, hq=16, hkv=2, d=192, dv=128, varlen=True,
+                             causal=False)  # fmt: skip
+    fix = jit_monitor.fix_hint(record, "gfx942", "304", "/srv/cache")
+    assert fix.startswith(
+        "add a row for this shape to fmha_fp8_shapes.csv, e.g. "
+        "gfx942,304,16,2,192,128,varlen,0,3,700, (--csv fmha_fp8=PATH) and rebuild: "
+        "GPU_ARCHS=gfx942:304 python -m aiter.aot.flydsl --module fmha_fp8"
+    ), fix
+    # The suggested row is one the table loads.
+    from aiter.ops.fmha_tables import FMHA_FP8
+
+    row = fix.split("e.g. ")[1].split(" (")[0]
+    table = tmp_path / "mine.csv"
+    table.write_text(",".join(FMHA_FP8.header) + "\n" + row + "\n")
+    monkeypatch.setenv(FMHA_FP8.env_var, str(table))
+    loaded = [r for r in FMHA_FP8.load().rows if r.source == str(table)]
+    assert [(r["num_heads"], r["max_seqlen"]) for r in loaded] == [("16", "700")]
+
+
 def test_a_split_call_launches_the_combine_kernel():
     _, functions, records = attend(1, 128, 8192)
     assert records[0].params["num_kv_splits"] > 1

@@ -202,6 +202,14 @@ def flash_attn_fp8(
                 "the sums tiled, rescaled or split differently",
             )  # fmt: skip
             params["fallback_from"] = describe(planned)
-    choice.report(described, **params)
+
+    def covering_row() -> dict[str, str]:
+        """A fmha_fp8_shapes.csv row whose build serves this call (its maxima are the call's)."""
+        cells = dict(gfx=device.arch(), cu_num=device.cu_num(), num_heads=hq, num_kv_heads=hkv,
+                     head_dim=d, head_dim_v=dv, layout=params["layout"], causal=int(causal),
+                     max_batch=batch, max_seqlen=max(sq, sk))  # fmt: skip
+        return {name: str(value) for name, value in cells.items()}
+
+    choice.report(described, covering_row, **params)
     out, lse = launch(choice)
     return (out, lse) if return_lse else out

@@ -118,9 +118,15 @@ class AttnChoice:
             f"_r{self.rescale_threshold:g}{split}"
         )
 
-    def report(self, args: Callable[[], dict[str, str]], **params: object) -> None:
-        """Tell aiter.dispatch how the call is served; `args` describes the call's arguments
-        (built only when someone listens)."""
+    def report(
+        self,
+        args: Callable[[], dict[str, str]],
+        table_row: Callable[[], dict[str, str]] | None = None,
+        **params: object,
+    ) -> None:
+        """Tell aiter.dispatch how the call is served; `args` describes the call's arguments and
+        `table_row` gives the cells of a shapes-table row covering it (both built only when
+        someone listens)."""
         dispatch.report(
             lambda: dispatch.DispatchRecord(
                 OP,
@@ -137,6 +143,7 @@ class AttnChoice:
                 },
                 args=args(),
                 table=FMHA_FP8.short_name,
+                table_row=table_row() if table_row is not None else None,
             )
         )
 
