@@ -1,0 +1,128 @@
+"""Measures what the serving-side settings cost a call's host path: the defaults, the JIT monitor
+(`AITER_JIT=warn`) and the AOT fallback (`AITER_AOT_FALLBACK=1`, with the planned kernel cached,
+and with it deleted so that a sibling serves). Prints ratios from one run; nothing is asserted.
+
+    .venv/bin/python benchmarks/serving_overhead.py [--calls 300]
+
+A small gfx942 cache (one GEMM row with split-K 4 and its no-split sibling) is built first. Each
+setting runs in a process of its own (settings are read once per process), under the dry run that
+makes the process look like a gfx942 GPU, serving from the cache with FLYDSL_RUNTIME_RUN_ONLY=1:
+the time is the host path (lookup, checks, FlyDSL's cache lookup, the launch stub), not a GPU's.
+The first call of a shape pays for the JIT monitor's install and, with the fallback, for naming
+the variants' kernels; later calls should cost what the defaults cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from aiter.ops.gemm_tables import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16  # noqa: E402
+
+BF16 = "torch.bfloat16"
+ROWS = [  # one tile: split-K 4 serves M 1-32, no split M 33-64
+    f"gfx942,304,32,4096,4096,0,{BF16},{BF16},flydsl,4,,flydsl_a16w16_mfma_32x64x64",
+    f"gfx942,304,64,4096,4096,0,{BF16},{BF16},flydsl,1,,flydsl_a16w16_mfma_32x64x64",
+]
+
+CALLS = textwrap.dedent("""
+    import json, sys, time, torch
+    from aiter.aot.flydsl import hooks
+    from aiter.aot.flydsl.dry_run import dry_run
+    from aiter.ops.gemm_a16w16 import gemm_a16w16
+    with dry_run("gfx942", 304, hooks.MODE_COMPILE):
+        a = torch.empty((32, 4096), dtype=torch.bfloat16, device="cuda")
+        b = torch.empty((4096, 4096), dtype=torch.bfloat16, device="cuda")
+        start = time.perf_counter()
+        gemm_a16w16(a, b)
+        first = time.perf_counter() - start
+        calls = int(sys.argv[1])
+        start = time.perf_counter()
+        for _ in range(calls):
+            gemm_a16w16(a, b)
+        later = (time.perf_counter() - start) / calls
+    print("RESULT " + json.dumps({"first": first, "later": later}))
+    """)
+
+
+def build_cache(work: Path) -> tuple[Path, dict[str, str]]:
+    tables = work / "tables"
+    tables.mkdir()
+    (tables / A16W16.name).write_text("\n".join([",".join(A16W16.header), *ROWS]) + "\n")
+    for spec in (A8W8_BPRESHUFFLE, A8W8_BLOCKSCALE):
+        (tables / spec.name).write_text(",".join(spec.header) + "\n")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "AITER_CONFIG_DIR": str(tables)}
+    env["GPU_ARCHS"] = "gfx942"
+    cache = work / "cache"
+    command = [sys.executable, "-m", "aiter.aot.flydsl", "--module", "gemm", "--max-m", "64"]
+    proc = subprocess.run(
+        [*command, "--cache-dir", str(cache), "-j", "2"], cwd=REPO, env=env, capture_output=True,
+        text=True, check=False,
+    )  # fmt: skip
+    if proc.returncode != 0:
+        sys.exit(f"building the cache failed:\n{proc.stdout}\n{proc.stderr}")
+    return cache, env
+
+
+def delete_split4(cache: Path) -> None:
+    manifest = json.loads((cache / "aiter_aot_manifest.json").read_text())
+    for rel, record in manifest["archs"]["gfx942"]["gemm"].items():
+        if record["function"] == "gemm_a16w16" and "split_k=4 " in record["params"]:
+            (cache / rel).unlink()
+
+
+def measure(script: Path, cache: Path, env: dict[str, str], calls: int, **settings: str) -> dict:
+    full = {k: v for k, v in env.items() if k not in ("AITER_JIT", "AITER_AOT_FALLBACK")}
+    full |= {"FLYDSL_RUNTIME_CACHE_DIR": str(cache), "FLYDSL_RUNTIME_RUN_ONLY": "1", **settings}
+    proc = subprocess.run(
+        [sys.executable, str(script), str(calls)], cwd=REPO, env=full, capture_output=True,
+        text=True, check=False,
+    )  # fmt: skip
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        sys.exit(f"{settings or 'defaults'} failed:\n{proc.stdout}\n{proc.stderr[-3000:]}")
+    return json.loads(lines[0][len("RESULT ") :])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=300, help="calls timed after the first")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="aiter-bench-serving-") as tmp:
+        work = Path(tmp)
+        cache, env = build_cache(work)
+        script = work / "calls.py"
+        script.write_text(CALLS)
+        results = {
+            "defaults": measure(script, cache, env, args.calls),
+            "AITER_JIT=warn": measure(script, cache, env, args.calls, AITER_JIT="warn"),
+            "fallback, kernel cached": measure(
+                script, cache, env, args.calls, AITER_AOT_FALLBACK="1"
+            ),
+        }
+        delete_split4(cache)
+        results["fallback, sibling serves"] = measure(
+            script, cache, env, args.calls, AITER_AOT_FALLBACK="1"
+        )
+    base = results["defaults"]
+    print(f"gemm_a16w16 M=32 N=K=4096 on a dry-run gfx942, {args.calls} calls after the first")
+    print(f"{'setting':<26} {'first ms':>9} {'later us':>9} {'later / defaults':>17}")
+    for name, r in results.items():
+        print(
+            f"{name:<26} {1e3 * r['first']:>9.2f} {1e6 * r['later']:>9.1f}"
+            f" {r['later'] / base['later']:>16.2f}x"
+        )
+    print("(the sibling is the no-split kernel: one launch per call, the split-K pair two)")
+
+
+if __name__ == "__main__":
+    main()
