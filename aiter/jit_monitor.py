@@ -20,12 +20,11 @@ The monitor acts on kernels defined in aiter only, and not at all in the AOT bui
 watches FlyDSL through `aiter.aot.flydsl.hooks`, only when warn, error or run-only is in force;
 with the defaults, the first report uninstalls the installer and later reports build nothing.
 
-Adding a fallback to a new family: list the variants its kernels
-document as computing the same result (same inputs and outputs, another blocking of the
-reduction), in the order to try them. At launch, when `settings().fallback` is on, pass the
-planned choice, the variants and a function launching one of them to `first_cached_variant`
-(it names kernels, compiling and running nothing, and remembers the answer), say so with
-`note_fallback` when the answer is not the planned choice, and report the record of the kernel
+Adding a fallback to a new family: list the variants its kernels document as computing the
+same result (same inputs and outputs, another blocking of the reduction), in the order to try
+them. At launch, when `settings().fallback` is on, pass the planned choice, the variants and a
+function launching one of them to `cached_equivalent` (it names kernels, compiling and running
+nothing, remembers the answer and logs a fallback once), and report the record of the kernel
 actually used. gemm_plan.Plan.launch is the worked example.
 """
 
@@ -438,7 +437,8 @@ _lock = threading.RLock()
 _settings: Settings | None = None
 _monitor: _Monitor | None = None
 _fallbacks_noted: set[tuple[str, str, str]] = set()
-_variants_chosen: dict[Hashable, object] = {}  # see first_cached_variant
+_variants_chosen: dict[Hashable, object] = {}  # see cached_equivalent
+_UNKNOWN = object()
 
 
 def settings() -> Settings:
@@ -512,32 +512,43 @@ def kernels_cached(launch: Callable[[], object]) -> bool:
     return all(request.exists() or not request.cache_dir for request in named)
 
 
-def first_cached_variant(
-    memo_key: Hashable, planned: T, variants: Sequence[T], launch: Callable[[T], object]
+def cached_equivalent(
+    op: str,
+    signature: Hashable,
+    planned: T,
+    variants: Sequence[T],
+    launch: Callable[[T], object],
+    describe: Callable[[T], str],
+    differs: str = "the K sum blocked differently",
 ) -> T:
     """`planned` when the cache holds the kernels `launch(planned)` launches, else the first of
-    `variants` whose kernels it holds, else `planned` (the JIT policy then decides). Names
-    kernels only: nothing compiles or runs. A variant `launch` refuses (ValueError or
-    NotImplementedError: the call's shape rules it out) is skipped.
+    `variants` whose kernels it holds (logged once with note_fallback; `differs` says how the
+    kernels differ), else `planned` (the JIT policy then decides). Names kernels only: nothing
+    compiles or runs. A variant `launch` refuses (ValueError or NotImplementedError: the call's
+    shape rules it out) is skipped.
 
-    Naming costs about a millisecond: the answer is remembered under `memo_key`, which must
-    hold everything the kernels depend on (the call's signature, `planned` and `variants`).
+    Naming costs about a millisecond: the answer is remembered per `op`, `signature` (what
+    besides the choices selects the kernels: arch, dtypes, flags, ...) and the descriptions of
+    `planned` and `variants`.
     """
+    memo_key = (op, signature, tuple(describe(c) for c in (planned, *variants)))
     with _lock:
-        if memo_key in _variants_chosen:
-            return _variants_chosen[memo_key]  # type: ignore[return-value]
-    chosen = planned
-    if not kernels_cached(lambda: launch(planned)):
-        for variant in variants:
-            try:
-                if kernels_cached(lambda v=variant: launch(v)):
-                    chosen = variant
-                    break
-            except (ValueError, NotImplementedError):
-                continue
-    with _lock:
-        _variants_chosen[memo_key] = chosen
-    return chosen
+        chosen = _variants_chosen.get(memo_key, _UNKNOWN)
+    if chosen is _UNKNOWN:
+        chosen = planned
+        if not kernels_cached(lambda: launch(planned)):
+            for variant in variants:
+                try:
+                    if kernels_cached(lambda v=variant: launch(v)):
+                        chosen = variant
+                        break
+                except (ValueError, NotImplementedError):
+                    continue
+        with _lock:
+            _variants_chosen[memo_key] = chosen
+    if chosen != planned:
+        note_fallback(op, describe(planned), describe(chosen), differs)
+    return chosen  # type: ignore[return-value]
 
 
 def note_fallback(

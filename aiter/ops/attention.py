@@ -190,18 +190,14 @@ def flash_attn_fp8(
         planned = choice
         calls = dict(causal=bool(causal), batch=batch, max_seqlen_q=sq, max_seqlen_k=sk)
         variants = attention_plan.equivalent_choices(planned, **calls)
-        describe = attention_plan.describe
         # What selects kernels besides the choices: the dtype, head counts and flags.
-        memo = (attention_plan.OP, device.arch(), device.cu_num(), q.dtype, hq, hkv,
-                tuple(sorted(params.items())), bool(causal),
-                tuple(describe(c) for c in (planned, *variants)))  # fmt: skip
-        choice = jit_monitor.first_cached_variant(memo, planned, variants, launch)
+        signature = (device.arch(), device.cu_num(), q.dtype, hq, hkv,
+                     tuple(sorted(params.items())), bool(causal))  # fmt: skip
+        differs = "the sums tiled, rescaled or split differently"
+        choice = jit_monitor.cached_equivalent(attention_plan.OP, signature, planned, variants,
+                                               launch, attention_plan.describe, differs)  # fmt: skip
         if choice != planned:
-            jit_monitor.note_fallback(
-                attention_plan.OP, describe(planned), describe(choice),
-                "the sums tiled, rescaled or split differently",
-            )  # fmt: skip
-            params["fallback_from"] = describe(planned)
+            params["fallback_from"] = attention_plan.describe(planned)
 
     def covering_row() -> dict[str, str]:
         """A fmha_fp8_shapes.csv row whose build serves this call (its maxima are the call's)."""

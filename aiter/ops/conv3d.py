@@ -241,13 +241,10 @@ def _cached_variant(served, geometry, has_bias, dtype, output_layout, launch):
     planned = served.choice
     cu_num = device.cu_num()
     variants = conv3d_config.equivalent_choices(planned, geometry, cu_num)
-    memo = (
-        conv3d_config.OP, device.arch(), cu_num, geometry, has_bias, dtype, output_layout,
-        tuple(conv3d_config.describe(c) for c in (planned, *variants)),
-    )  # fmt: skip
-    choice = jit_monitor.first_cached_variant(memo, planned, variants, launch)
+    signature = (device.arch(), cu_num, geometry, has_bias, dtype, output_layout)
+    choice = jit_monitor.cached_equivalent(
+        conv3d_config.OP, signature, planned, variants, launch, conv3d_config.describe
+    )
     if choice == planned:
         return served
-    describe = conv3d_config.describe
-    jit_monitor.note_fallback(conv3d_config.OP, describe(planned), describe(choice))
     return dataclasses.replace(served, choice=choice, planned=planned)

@@ -82,11 +82,11 @@ class Plan:
         variants = planned.family.equivalent_choices(planned, call.m, call.n, call.k, call.cu_num)
         # The kernels a choice launches do not depend on M, the variants only through the
         # heuristic's: the answer holds for every call with this key and these variants.
-        memo = (self.op, call.key, tuple(_describe(c) for c in (planned, *variants)))
-        choice = jit_monitor.first_cached_variant(memo, planned, variants, launch)
+        choice = jit_monitor.cached_equivalent(
+            self.op, call.key, planned, variants, launch, _describe
+        )
         if choice == planned:
             return self
-        jit_monitor.note_fallback(self.op, _describe(planned), _describe(choice))
         return dataclasses.replace(self, choice=choice, planned=planned)
 
     def _record(self, args: Args | None = None) -> dispatch.DispatchRecord:

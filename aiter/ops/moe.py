@@ -354,13 +354,13 @@ def _cached_variant(served, shape: MoeShape, flags: tuple, launch):
     variants = equivalent_choices(planned, shape, served.tokens, cu_num)
     # The token count is a kernel argument, not a compile-time parameter: it enters the memo
     # only through the planner's variant, which its description carries.
-    memo = (OP, device.arch(), cu_num, shape, flags,
-            tuple(describe(c) for c in (planned, *variants)))  # fmt: skip
-    choice = jit_monitor.first_cached_variant(memo, planned, variants, launch)
+    signature = (device.arch(), cu_num, shape, flags)
+    differs = "the sums blocked, ordered and rounded differently"
+    choice = jit_monitor.cached_equivalent(
+        OP, signature, planned, variants, launch, describe, differs
+    )
     if choice == planned:
         return served
-    differs = "the sums blocked, ordered and rounded differently"
-    jit_monitor.note_fallback(OP, describe(planned), describe(choice), differs)
     return dataclasses.replace(served, choice=choice, planned=planned)
 
 
