@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import textwrap
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -35,8 +37,6 @@ def lines_starting(text: str, prefix: str) -> list[str]:
 
 def read_report(path) -> list:
     """The ArchReports of a `--report` JSON document."""
-    import json
-
     from aiter.aot.flydsl.protocol import ArchReport, from_json
 
     document = json.loads(Path(path).read_text())
@@ -98,3 +98,33 @@ def serve_from_cache(
         timeout=600,
         check=False,
     )
+
+
+def observed_calls_script(arch: str, cu_num: int, body: str) -> str:
+    """A serving script: `body` (indented 4 spaces, torch and aiter imported) runs in a dry run of
+    `arch`; loggers print "LOG name LEVEL message" lines on stderr; the dispatch records of its
+    calls are printed as one "RESULT [[kernel, params], ...]" line (see result_of)."""
+    prologue = textwrap.dedent(f"""
+        import json, logging, torch
+        import aiter
+        from aiter import device, dispatch
+        from aiter.aot.flydsl import hooks
+        from aiter.aot.flydsl.dry_run import dry_run
+        logging.basicConfig(format="LOG %(name)s %(levelname)s %(message)s")
+        with dispatch.observe() as records, dry_run("{arch}", {cu_num}, hooks.MODE_COMPILE):
+        """)
+    epilogue = 'print("RESULT " + json.dumps([[r.kernel, r.params] for r in records]))\n'
+    return prologue + textwrap.indent(textwrap.dedent(body), "    ") + epilogue
+
+
+def result_of(proc: subprocess.CompletedProcess):
+    """The JSON of a serving script's one "RESULT " line."""
+    [line] = lines_starting(proc.stdout, "RESULT ")
+    return json.loads(line[len("RESULT ") :])
+
+
+def manifest_entries(cache: Path, arch: str, module: str, keep) -> list[Path]:
+    """The entries of `module` for `arch` whose manifest record (function, params, ...) `keep`
+    accepts."""
+    manifest = json.loads((cache / "aiter_aot_manifest.json").read_text())
+    return [cache / rel for rel, record in manifest["archs"][arch][module].items() if keep(record)]

@@ -9,7 +9,6 @@ must find along the frame axis.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import textwrap
@@ -19,7 +18,14 @@ import pytest
 
 from aiter.aot.flydsl.protocol import ArchReport, JobResult
 from aiter.ops.conv3d_tables import CONV3D
-from tests.aot_cli import replay_reports, serve_from_cache
+from tests.aot_cli import (
+    lines_starting,
+    manifest_entries,
+    observed_calls_script,
+    replay_reports,
+    result_of,
+    serve_from_cache,
+)
 
 pytestmark = pytest.mark.slow  # builds a conv3d cache for two archs
 
@@ -180,31 +186,25 @@ def test_an_empty_cache_misses(setup, tmp_path):
     assert "FLYDSL_RUNTIME_RUN_ONLY=1 but no usable AOT cache" in proc.stderr
 
 
-FALLBACK = textwrap.dedent("""
-    import json, logging, torch
-    import aiter
-    from aiter import dispatch
-    from aiter.aot.flydsl import hooks
-    from aiter.aot.flydsl.dry_run import dry_run
-    logging.basicConfig(format="LOG %(name)s %(levelname)s %(message)s")
-    with dispatch.observe() as records, dry_run("gfx942", 80, hooks.MODE_COMPILE):
-        w = torch.empty((32, 32, 3, 3, 3), dtype=torch.bfloat16, device="cuda")
-        b = torch.empty((32,), dtype=torch.bfloat16, device="cuda")
-        for _ in range(2):
-            x = torch.empty((1, 8, 8, 8, 32), dtype=torch.bfloat16, device="cuda")
-            aiter.conv3d(x, w, b, padding=1, input_layout="NDHWC", output_layout="NDHWC")
-    print("RESULT " + json.dumps([[r.kernel, r.params] for r in records]))
-    """)
+FALLBACK = observed_calls_script(
+    "gfx942",
+    80,
+    """
+    w = torch.empty((32, 32, 3, 3, 3), dtype=torch.bfloat16, device="cuda")
+    b = torch.empty((32,), dtype=torch.bfloat16, device="cuda")
+    for _ in range(2):
+        x = torch.empty((1, 8, 8, 8, 32), dtype=torch.bfloat16, device="cuda")
+        aiter.conv3d(x, w, b, padding=1, input_layout="NDHWC", output_layout="NDHWC")
+    """,
+)
 
 
 def _split_entries(cache: Path, split_k: int) -> list[Path]:
     """gfx942's conv kernel entries compiled for `split_k` (the epilogue's left in place)."""
-    manifest = json.loads((cache / "aiter_aot_manifest.json").read_text())
-    return [
-        cache / rel
-        for rel, record in manifest["archs"]["gfx942"]["conv3d"].items()
-        if record["function"] == "conv3d_implicit" and f"split_k={split_k} " in record["params"]
-    ]
+    return manifest_entries(
+        cache, "gfx942", "conv3d",
+        lambda r: r["function"] == "conv3d_implicit" and f"split_k={split_k} " in r["params"],
+    )  # fmt: skip
 
 
 def test_the_fallback_serves_a_deleted_split_with_its_cached_sibling(built, setup, tmp_path):
@@ -220,14 +220,12 @@ def test_the_fallback_serves_a_deleted_split_with_its_cached_sibling(built, setu
     proc = serve_from_cache(FALLBACK, [], {**env, "AITER_AOT_FALLBACK": "1"}, cache, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
     tile = "flydsl_conv3d_mfma_32x32_w2x2_g4"  # the heuristic tile for 8 and 21..31 frames
-    logged = [line for line in proc.stderr.splitlines() if line.startswith("LOG aiter.jit ")]
-    assert logged == [
+    assert lines_starting(proc.stderr, "LOG aiter.jit ") == [
         f"LOG aiter.jit WARNING conv3d: kernel {tile} split_k=2 is not in the kernel cache; "
         f"serving it with the cached equivalent {tile} split_k=1 instead (AITER_AOT_FALLBACK=1: "
         "the same result, the K sum blocked differently)"
     ]
-    [line] = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    records = json.loads(line[len("RESULT ") :])
+    records = result_of(proc)
     assert [kernel for kernel, _ in records] == [tile, tile]
     for _, params in records:
         assert params["split_k"] == 1 and params["fallback_from"] == f"{tile} split_k=2"

@@ -5,7 +5,6 @@ would run `python -m aiter.aot.flydsl.fmha_fp8`.
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import textwrap
@@ -15,7 +14,14 @@ import pytest
 
 from aiter.aot.flydsl.protocol import ArchReport
 from aiter.ops.fmha_tables import FMHA_FP8
-from tests.aot_cli import replay_reports, serve_from_cache
+from tests.aot_cli import (
+    lines_starting,
+    manifest_entries,
+    observed_calls_script,
+    replay_reports,
+    result_of,
+    serve_from_cache,
+)
 
 pytestmark = pytest.mark.slow  # builds an attention cache
 
@@ -141,31 +147,28 @@ def test_an_empty_cache_misses(setup, tmp_path):
     assert "FLYDSL_RUNTIME_RUN_ONLY=1 but no usable AOT cache" in proc.stderr
 
 
-FALLBACK = textwrap.dedent("""
-    import json, logging, torch
-    import aiter
-    from aiter import device, dispatch
-    from aiter.aot.flydsl import hooks
-    from aiter.aot.flydsl.dry_run import dry_run
-    logging.basicConfig(format="LOG %(name)s %(levelname)s %(message)s")
-    with dispatch.observe() as records, dry_run("gfx942", 304, hooks.MODE_COMPILE):
-        empty = lambda shape, dtype=device.fp8_dtype(): torch.empty(shape, dtype=dtype,
-                                                                     device="cuda")
-        d = {n: empty((1,), torch.float32) for n in ("q_descale", "k_descale", "v_descale")}
-        for _ in range(2):  # 512 queries: query block 128; 512 keys: lazy rescale, no split
-            aiter.flash_attn_fp8(empty((1, 512, 8, 128)), empty((1, 512, 1, 128)),
-                                 empty((1, 512, 1, 128)), **d)
-    print("RESULT " + json.dumps([[r.kernel, r.params] for r in records]))
-    """)
+FALLBACK = observed_calls_script(
+    "gfx942",
+    304,
+    """
+    empty = lambda shape, dtype=device.fp8_dtype(): torch.empty(shape, dtype=dtype, device="cuda")
+    d = {n: empty((1,), torch.float32) for n in ("q_descale", "k_descale", "v_descale")}
+    for _ in range(2):  # 512 queries: query block 128; 512 keys: lazy rescale, no split
+        aiter.flash_attn_fp8(empty((1, 512, 8, 128)), empty((1, 512, 1, 128)),
+                             empty((1, 512, 1, 128)), **d)
+    """,
+)
 
 
 def test_the_fallback_serves_a_deleted_query_block_with_the_other(built, setup, tmp_path):
     env, _ = setup
     cache = Path(shutil.copytree(built[1], tmp_path / "cache"))
-    manifest = json.loads((cache / "aiter_aot_manifest.json").read_text())
-    entries = manifest["archs"]["gfx942"]["fmha_fp8"]
-    block128 = [cache / rel for rel, r in entries.items() if "block_m=128 " in r["params"]]
-    assert block128 and any("block_m=64 " in r["params"] for r in entries.values())
+    block128 = manifest_entries(
+        cache, "gfx942", "fmha_fp8", lambda r: "block_m=128 " in r["params"]
+    )
+    assert block128 and manifest_entries(
+        cache, "gfx942", "fmha_fp8", lambda r: "block_m=64 " in r["params"]
+    )
     for entry in block128:
         entry.unlink()
     refused = serve_from_cache(FALLBACK, [], env, cache, tmp_path)
@@ -175,13 +178,11 @@ def test_the_fallback_serves_a_deleted_query_block_with_the_other(built, setup, 
     assert proc.returncode == 0, proc.stderr[-3000:]
     planned = "flydsl_fmha_fp8_mfma_bm128_d128x128_r6 splits=1"
     used = "flydsl_fmha_fp8_mfma_bm64_d128x128_r6"
-    logged = [line for line in proc.stderr.splitlines() if line.startswith("LOG aiter.jit ")]
-    assert logged == [
+    assert lines_starting(proc.stderr, "LOG aiter.jit ") == [
         f"LOG aiter.jit WARNING flash_attn_fp8: kernel {planned} is not in the kernel cache; "
         f"serving it with the cached equivalent {used} splits=1 instead (AITER_AOT_FALLBACK=1: "
         "the same result, the sums tiled, rescaled or split differently)"
     ]
-    [line] = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    records = json.loads(line[len("RESULT ") :])
+    records = result_of(proc)
     assert [kernel for kernel, _ in records] == [used, used]
     assert all(params["fallback_from"] == planned for _, params in records)

@@ -7,7 +7,6 @@ at 305 tokens, inside the padded bucket of 512: the replay must find that withou
 
 from __future__ import annotations
 
-import json
 import shutil
 import subprocess
 import textwrap
@@ -17,7 +16,14 @@ import pytest
 
 from aiter.aot.flydsl.protocol import ArchReport, JobResult
 from aiter.ops.moe_tables import FMOE
-from tests.aot_cli import replay_reports, serve_from_cache
+from tests.aot_cli import (
+    lines_starting,
+    manifest_entries,
+    observed_calls_script,
+    replay_reports,
+    result_of,
+    serve_from_cache,
+)
 
 pytestmark = pytest.mark.slow  # builds a MoE cache for two archs
 
@@ -199,33 +205,27 @@ def test_an_empty_cache_misses(setup, tmp_path):
     assert "FLYDSL_RUNTIME_RUN_ONLY=1 but no usable AOT cache" in proc.stderr
 
 
-FALLBACK = textwrap.dedent("""
-    import json, logging, torch
-    from aiter import dispatch
-    from aiter.aot.flydsl import hooks
-    from aiter.aot.flydsl.dry_run import dry_run
-    from aiter.ops.moe import fused_moe
-    logging.basicConfig(format="LOG %(name)s %(levelname)s %(message)s")
+FALLBACK = observed_calls_script(
+    "gfx942",
+    304,
+    """
     empty = lambda shape, dtype: torch.empty(shape, dtype=dtype, device="cuda")
-    with dispatch.observe() as records, dry_run("gfx942", 304, hooks.MODE_COMPILE):
-        for _ in range(2):
-            fused_moe(
-                empty((300, 2048), torch.bfloat16), empty((8, 512, 2048), torch.bfloat16),
-                empty((8, 2048, 256), torch.bfloat16), empty((300, 2), torch.float32),
-                empty((300, 2), torch.int32),
-            )
-    print("RESULT " + json.dumps([[r.kernel, r.params] for r in records]))
-    """)
+    for _ in range(2):
+        aiter.fused_moe(
+            empty((300, 2048), torch.bfloat16), empty((8, 512, 2048), torch.bfloat16),
+            empty((8, 2048, 256), torch.bfloat16), empty((300, 2), torch.float32),
+            empty((300, 2), torch.int32),
+        )
+    """,
+)
 
 
 def _stage1_entries(cache: Path, ksplit: int) -> list[Path]:
     """gfx942's stage-1 GEMM entries compiled with `ksplit`."""
-    manifest = json.loads((cache / "aiter_aot_manifest.json").read_text())
-    return [
-        cache / rel
-        for rel, record in manifest["archs"]["gfx942"]["moe"].items()
-        if record["function"] == "moe_stage1" and f"ksplit={ksplit} " in record["params"]
-    ]
+    return manifest_entries(
+        cache, "gfx942", "moe",
+        lambda r: r["function"] == "moe_stage1" and f"ksplit={ksplit} " in r["params"],
+    )  # fmt: skip
 
 
 def test_the_fallback_serves_a_deleted_k_split_with_its_cached_sibling(built, setup, tmp_path):
@@ -240,12 +240,10 @@ def test_the_fallback_serves_a_deleted_k_split_with_its_cached_sibling(built, se
 
     proc = serve_from_cache(FALLBACK, [], {**env, "AITER_AOT_FALLBACK": "1"}, cache, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    [line] = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    records = json.loads(line[len("RESULT ") :])
+    records = result_of(proc)
     [kernels] = {kernel for kernel, _ in records}
     planned = f"{kernels} ksplit=2"
-    logged = [line for line in proc.stderr.splitlines() if line.startswith("LOG aiter.jit ")]
-    assert logged == [
+    assert lines_starting(proc.stderr, "LOG aiter.jit ") == [
         f"LOG aiter.jit WARNING fused_moe: kernel {planned} is not in the kernel cache; serving "
         f"it with the cached equivalent {kernels} ksplit=1 instead (AITER_AOT_FALLBACK=1: the "
         "same result, the sums blocked, ordered and rounded differently)"
