@@ -54,3 +54,36 @@ def run_child(code: str, args: list[str], env: dict, cwd: Path = REPO):
         text=True,
         timeout=600,
     )
+
+
+# The end of a child script that compiles `configs` twice, for the kernel tests' `compiled`
+# fixtures. The script defines arch, configs, dump (a directory for FlyDSL's listings), keep
+# (where listings are copied) and launch(cfg, device) -> seconds (or a dict of them), and
+# imports json, os, shutil, dry_run and hooks. It prints {"listed": [{"isa": {kernel: path},
+# "seconds": ...}], "built": [{"entries": [[function, path]], "seconds": ...}]}, one per config.
+LIST_THEN_BUILD = """
+# Phase 1: FlyDSL's ISA listing of every kernel (a listing turns FlyDSL's disk cache off).
+os.environ.update(FLYDSL_DEBUG_DUMP_ASM="1", FLYDSL_DUMP_DIR=str(dump))
+listed = []
+for idx, cfg in enumerate(configs):
+    shutil.rmtree(dump, ignore_errors=True)  # listings of one kernel name share a directory
+    seconds = launch(cfg, "cpu")
+    isa = {}
+    for listing in sorted(dump.glob("*/*final_isa.s")):
+        kernel = listing.parent.name.rsplit("_", 1)[0]
+        target = keep / f"{idx}_{kernel}.s"
+        shutil.copyfile(listing, target)
+        isa[kernel] = str(target)
+    listed.append({"isa": isa, "seconds": seconds})
+del os.environ["FLYDSL_DEBUG_DUMP_ASM"], os.environ["FLYDSL_DUMP_DIR"]
+
+# Phase 2: the AOT builder's way, FakeTensors in a dry run that compiles into the disk cache.
+# The dry run's launch recorder bypasses FlyDSL's in-process artifact cache, so phase 1's
+# artifacts are compiled again and written.
+built = []
+for cfg in configs:
+    with dry_run(arch, 304, hooks.MODE_COMPILE) as requests:
+        seconds = launch(cfg, "cuda")
+    built.append({"entries": [[r.function, str(r.path)] for r in requests], "seconds": seconds})
+print(json.dumps({"listed": listed, "built": built}))
+"""

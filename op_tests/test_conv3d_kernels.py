@@ -19,7 +19,7 @@ from aiter.aot.flydsl.dry_run import dry_run
 from aiter.ops.flydsl import conv3d as cv
 from aiter.ops.flydsl import conv3d_index as ix
 from aiter.ops.flydsl import gemm_a16w16_index as a16
-from op_tests.compile_child import compile_env, run_child
+from op_tests.compile_child import LIST_THEN_BUILD, compile_env, run_child
 
 
 def _pick(cond, a, b):
@@ -842,31 +842,7 @@ def launch(cfg, device):
     times["pretranspose"] = time.perf_counter() - start
     return times
 
-# Phase 1: FlyDSL's ISA listing of every kernel (a listing turns FlyDSL's disk cache off).
-os.environ.update(FLYDSL_DEBUG_DUMP_ASM="1", FLYDSL_DUMP_DIR=str(dump))
-listed = []
-for idx, cfg in enumerate(configs):
-    shutil.rmtree(dump, ignore_errors=True)  # listings of one kernel name share a directory
-    times = launch(cfg, "cpu")
-    isa = {}
-    for listing in sorted(dump.glob("*/*final_isa.s")):
-        kernel = listing.parent.name.rsplit("_", 1)[0]
-        target = keep / f"{idx}_{kernel}.s"
-        shutil.copyfile(listing, target)
-        isa[kernel] = str(target)
-    listed.append({"isa": isa, "seconds": times})
-del os.environ["FLYDSL_DEBUG_DUMP_ASM"], os.environ["FLYDSL_DUMP_DIR"]
-
-# Phase 2: the AOT builder's way, FakeTensors in a dry run that compiles into the disk cache.
-# The dry run's launch recorder bypasses FlyDSL's in-process artifact cache, so phase 1's
-# artifacts are compiled again and written.
-built = []
-for cfg in configs:
-    with dry_run(arch, 304, hooks.MODE_COMPILE) as requests:
-        times = launch(cfg, "cuda")
-    built.append({"entries": [[r.function, str(r.path)] for r in requests], "seconds": times})
-print(json.dumps({"listed": listed, "built": built}))
-"""
+""" + LIST_THEN_BUILD
 
 
 @pytest.fixture(scope="module", params=list(ARCH_MMA))

@@ -19,7 +19,7 @@ from aiter.aot.flydsl import hooks
 from aiter.aot.flydsl.dry_run import dry_run
 from aiter.ops.flydsl import flash_attn_fp8 as fa
 from aiter.ops.flydsl import flash_attn_fp8_index as ix
-from op_tests.compile_child import compile_env, run_child
+from op_tests.compile_child import LIST_THEN_BUILD, compile_env, run_child
 
 FNUZ, FN = torch.float8_e4m3fnuz, torch.float8_e4m3fn
 NEG_INF = float("-inf")
@@ -829,29 +829,7 @@ def launch(cfg, device):
         rescale_threshold=6.0, num_kv_splits=splits, interleave=True, mma=mma, **kwargs)
     return time.perf_counter() - start
 
-# Phase 1: FlyDSL's ISA listing of every kernel (a listing turns FlyDSL's disk cache off).
-os.environ.update(FLYDSL_DEBUG_DUMP_ASM="1", FLYDSL_DUMP_DIR=str(dump))
-listed = []
-for idx, cfg in enumerate(configs):
-    shutil.rmtree(dump, ignore_errors=True)  # listings of one kernel name share a directory
-    seconds = launch(cfg, "cpu")
-    isa = {}
-    for listing in sorted(dump.glob("*/*final_isa.s")):
-        kernel = listing.parent.name.rsplit("_", 1)[0]
-        target = keep / f"{idx}_{kernel}.s"
-        shutil.copyfile(listing, target)
-        isa[kernel] = str(target)
-    listed.append({"isa": isa, "seconds": seconds})
-del os.environ["FLYDSL_DEBUG_DUMP_ASM"], os.environ["FLYDSL_DUMP_DIR"]
-
-# Phase 2: the AOT builder's way, FakeTensors in a dry run that compiles into the disk cache.
-built = []
-for cfg in configs:
-    with dry_run(arch, 304, hooks.MODE_COMPILE) as requests:
-        seconds = launch(cfg, "cuda")
-    built.append({"entries": [[r.function, str(r.path)] for r in requests], "seconds": seconds})
-print(json.dumps({"listed": listed, "built": built}))
-"""
+""" + LIST_THEN_BUILD
 
 
 @pytest.fixture(scope="module", params=list(ARCH_MMA))
