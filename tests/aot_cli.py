@@ -128,3 +128,15 @@ def manifest_entries(cache: Path, arch: str, module: str, keep) -> list[Path]:
     accepts."""
     manifest = json.loads((cache / "aiter_aot_manifest.json").read_text())
     return [cache / rel for rel, record in manifest["archs"][arch][module].items() if keep(record)]
+
+
+def serve_with_fallback(source: str, env: dict[str, str], cache: Path, work: Path, doomed):
+    """Delete the `doomed` entries of `cache`; serving `source` from it must then miss under
+    RUN_ONLY, and succeed with AITER_AOT_FALLBACK=1, whose process is returned."""
+    for entry in doomed:
+        entry.unlink()
+    refused = serve_from_cache(source, [], env, cache, work)
+    assert refused.returncode != 0 and "FLYDSL_RUNTIME_RUN_ONLY=1" in refused.stderr
+    proc = serve_from_cache(source, [], {**env, "AITER_AOT_FALLBACK": "1"}, cache, work)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc

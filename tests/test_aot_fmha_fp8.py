@@ -21,6 +21,7 @@ from tests.aot_cli import (
     replay_reports,
     result_of,
     serve_from_cache,
+    serve_with_fallback,
 )
 
 pytestmark = pytest.mark.slow  # builds an attention cache
@@ -169,13 +170,7 @@ def test_the_fallback_serves_a_deleted_query_block_with_the_other(built, setup, 
     assert block128 and manifest_entries(
         cache, "gfx942", "fmha_fp8", lambda r: "block_m=64 " in r["params"]
     )
-    for entry in block128:
-        entry.unlink()
-    refused = serve_from_cache(FALLBACK, [], env, cache, tmp_path)
-    assert refused.returncode != 0 and "FLYDSL_RUNTIME_RUN_ONLY=1" in refused.stderr
-
-    proc = serve_from_cache(FALLBACK, [], {**env, "AITER_AOT_FALLBACK": "1"}, cache, tmp_path)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    proc = serve_with_fallback(FALLBACK, env, cache, tmp_path, block128)
     planned = "flydsl_fmha_fp8_mfma_bm128_d128x128_r6 splits=1"
     used = "flydsl_fmha_fp8_mfma_bm64_d128x128_r6"
     assert lines_starting(proc.stderr, "LOG aiter.jit ") == [
