@@ -7,31 +7,26 @@ from aiter import cache_location as _cache_location  # noqa: E402
 # Serve from the cache a wheel ships, unless the user named one; before FlyDSL is imported.
 _cache_location.configure()
 
-
-_A8W8 = ("gemm_a8w8_bpreshuffle", "gemm_a8w8_blockscale", "shuffle_weight", "unshuffle_weight")
-_MOE = ("fused_moe", "fused_topk", "moe_sorting")
+# Public name -> the family entry module that defines it. Operators import torch and FlyDSL:
+# they load on first use so that `import aiter` stays light.
+_ENTRIES = {
+    "gemm_a16w16": "aiter.ops.gemm.entry",
+    "gemm_a8w8_bpreshuffle": "aiter.ops.gemm.entry",
+    "gemm_a8w8_blockscale": "aiter.ops.gemm.entry",
+    "shuffle_weight": "aiter.ops.gemm.entry",
+    "unshuffle_weight": "aiter.ops.gemm.entry",
+    "fused_topk": "aiter.ops.moe.entry",
+    "moe_sorting": "aiter.ops.moe.entry",
+    "fused_moe": "aiter.ops.moe.entry",
+    "conv3d": "aiter.ops.conv3d.entry",
+    "flash_attn_fp8": "aiter.ops.fmha_fp8.entry",
+}
 
 
 def __getattr__(name: str):
-    # Operators import torch and FlyDSL; load them on first use so `import aiter` stays light.
-    if name == "gemm_a16w16":
-        from aiter.ops.gemm_a16w16 import gemm_a16w16
+    module = _ENTRIES.get(name)
+    if module is None:
+        raise AttributeError(f"module 'aiter' has no attribute {name!r}")
+    import importlib
 
-        return gemm_a16w16
-    if name in _A8W8:
-        from aiter.ops import gemm_a8w8
-
-        return getattr(gemm_a8w8, name)
-    if name == "flash_attn_fp8":
-        from aiter.ops.attention import flash_attn_fp8
-
-        return flash_attn_fp8
-    if name == "conv3d":
-        from aiter.ops.conv3d import conv3d
-
-        return conv3d
-    if name in _MOE:
-        from aiter.ops import moe
-
-        return getattr(moe, name)
-    raise AttributeError(f"module 'aiter' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

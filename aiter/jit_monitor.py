@@ -11,8 +11,8 @@ Settings, read from the environment once per process, at the first call of any p
 - `FLYDSL_RUNTIME_RUN_ONLY=1`: FlyDSL refuses every miss itself; JitCompileRefused with the
   same message replaces FlyDSL's error (which stays chained as its cause).
 - `AITER_AOT_FALLBACK=1`: every entry serves a call whose kernel the cache lacks with an
-  equivalent variant it holds, logged once (`aiter.ops.gemm_plan.Plan.launch`,
-  `aiter.ops.conv3d`, `aiter.ops.moe`, `aiter.ops.attention`); when none is cached, the policy
+  equivalent variant it holds, logged once (`aiter.ops.gemm.plan.Plan.launch`,
+  `aiter.ops.conv3d.entry`, `aiter.ops.moe.entry`, `aiter.ops.fmha_fp8.entry`); when none is cached, the policy
   above decides.
 
 The monitor acts on kernels defined in aiter only, and not at all in the AOT builder's processes

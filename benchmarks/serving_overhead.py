@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from aiter.ops.gemm_tables import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16  # noqa: E402
+from aiter.ops.gemm.table import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16  # noqa: E402
 
 BF16 = "torch.bfloat16"
 ROWS = [  # one tile: split-K 4 serves M 1-32, no split M 33-64
@@ -38,7 +38,7 @@ CALLS = textwrap.dedent("""
     import json, sys, time, torch
     from aiter.aot.flydsl import hooks
     from aiter.aot.flydsl.dry_run import dry_run
-    from aiter.ops.gemm_a16w16 import gemm_a16w16
+    from aiter.ops.gemm.entry import gemm_a16w16
     with dry_run("gfx942", 304, hooks.MODE_COMPILE):
         a = torch.empty((32, 4096), dtype=torch.bfloat16, device="cuda")
         b = torch.empty((4096, 4096), dtype=torch.bfloat16, device="cuda")

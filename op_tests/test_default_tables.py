@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import csv
-from pathlib import Path
 
 import pytest
 
-from aiter.configs import generate
+from aiter.ops.gemm import generate
+from aiter.tuning.spec import CONFIG_DIR
 
-CONFIGS = Path(generate.__file__).parent
+CONFIGS = CONFIG_DIR
 
 
 @pytest.mark.parametrize("recipe", generate.RECIPES, ids=lambda r: r.file)

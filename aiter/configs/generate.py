@@ -1,171 +1,18 @@
-"""Generates the default GEMM tables from the linear layers of real models.
-
-No AMD GPU was measured for them: every choice is the runtime's documented heuristic at the row's
-M, with splitK 0 (chosen per call) and `us` empty. `python -m aiter.configs.generate` rewrites
-every table in aiter/configs (MoE, conv3d and attention through generate_moe, generate_conv3d
-and generate_fmha).
-"""
+"""Rewrites every family's default tuned table in aiter/configs: `python -m aiter.configs.generate`
+(each family's rows come from its own `generate` module)."""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 
-from aiter.arch import ARCHS, ArchInfo
-from aiter.configs import generate_conv3d, generate_fmha, generate_moe
-from aiter.ops.gemm_config import KernelFamily
-from aiter.ops.gemm_tables import (
-    A8W8_BLOCKSCALE,
-    A8W8_BPRESHUFFLE,
-    A16W16,
-    LIBTYPE_FLYDSL,
-    LIBTYPE_TORCH,
-)
-from aiter.tuning import TableSpec
+from aiter.ops.conv3d import generate as conv3d
+from aiter.ops.fmha_fp8 import generate as fmha_fp8
+from aiter.ops.gemm import generate as gemm
+from aiter.ops.moe import generate as moe
 
-M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
-TORCH_M = (1, 2, 4, 8, 16)  # shapes too small for a kernel launch to pay off
 HERE = Path(__file__).resolve().parent
-
-
-@dataclass(frozen=True)
-class Model:
-    name: str
-    hidden: int
-    intermediate: int
-    heads: int
-    kv_heads: int
-    head_dim: int
-
-    def linear_shapes(self, tp: int) -> dict[str, tuple[int, int]]:
-        """(N, K) of each projection on one of `tp` GPUs (column- then row-parallel)."""
-        qkv = (self.heads + 2 * self.kv_heads) * self.head_dim
-        return {
-            "qkv_proj": (qkv // tp, self.hidden),
-            "o_proj": (self.hidden, self.heads * self.head_dim // tp),
-            "gate_up_proj": (2 * self.intermediate // tp, self.hidden),
-            "down_proj": (self.hidden, self.intermediate // tp),
-        }
-
-
-LLAMA_3_1_8B = Model("Llama-3.1-8B", 4096, 14336, heads=32, kv_heads=8, head_dim=128)
-QWEN3_32B = Model("Qwen3-32B", 5120, 25600, heads=64, kv_heads=8, head_dim=128)
-LLAMA_3_1_70B = Model("Llama-3.1-70B", 8192, 28672, heads=64, kv_heads=8, head_dim=128)
-
-
-def deepseek_v3_dense_shapes(tp: int = 8) -> dict[str, tuple[int, int]]:
-    """(N, K) of DeepSeek-V3's dense linear layers at TP `tp`: MLA projections and the dense
-    MLP of its first layers (hidden 7168, 128 heads, q_lora 1536, kv_lora 512, MLP 18432).
-    kv_a_proj_with_mqa (N = 576) is left out: N is not a multiple of the 128 scale block."""
-    hidden, heads, q_lora, kv_lora, intermediate = 7168, 128, 1536, 512, 18432
-    qk_head, v_head, qk_nope = 192, 128, 128
-    return {
-        "q_a_proj": (q_lora, hidden),
-        "q_b_proj": (heads * qk_head // tp, q_lora),
-        "kv_b_proj": (heads * (qk_nope + v_head) // tp, kv_lora),
-        "o_proj": (hidden, heads * v_head // tp),
-        "gate_up_proj": (2 * intermediate // tp, hidden),
-        "down_proj": (hidden, intermediate // tp),
-    }
-
-
-def _unique(shapes: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
-    return list(dict.fromkeys(shapes))
-
-
-def _kernels(name: str) -> Callable[[], KernelFamily]:
-    def family() -> KernelFamily:
-        from aiter.ops import gemm_config
-
-        return getattr(gemm_config, name)
-
-    return family
-
-
-@dataclass(frozen=True)
-class TableRecipe:
-    spec: TableSpec  # file name and columns
-    family: Callable[[], KernelFamily]  # imported late: kernel modules import FlyDSL
-    shapes: list[tuple[int, int]]
-    dtype_cells: Callable[[ArchInfo], dict[str, str]]
-    torch_shapes: tuple[tuple[int, int], ...]
-
-    @property
-    def file(self) -> str:
-        return self.spec.name
-
-    def archs(self) -> list[ArchInfo]:
-        """The archs whose MMA flavour the family has kernels for."""
-        return [arch for arch in ARCHS.values() if arch.mma in self.family().tiles]
-
-
-RECIPES = (
-    TableRecipe(
-        spec=A16W16,
-        family=_kernels("A16W16"),
-        shapes=_unique(
-            shape
-            for model in (LLAMA_3_1_8B, QWEN3_32B)
-            for tp in (1, 8)
-            for shape in model.linear_shapes(tp).values()
-        ),
-        dtype_cells=lambda arch: {
-            "bias": "0", "dtype": "torch.bfloat16", "outdtype": "torch.bfloat16",
-        },  # fmt: skip
-        torch_shapes=((64, 64), (128, 64)),
-    ),
-    TableRecipe(
-        spec=A8W8_BPRESHUFFLE,
-        family=_kernels("BPRESHUFFLE"),
-        shapes=_unique(LLAMA_3_1_70B.linear_shapes(8).values()),
-        dtype_cells=lambda arch: {"q_dtype_w": f"torch.{arch.fp8_dtype_name}"},
-        torch_shapes=((64, 128),),
-    ),
-    TableRecipe(
-        spec=A8W8_BLOCKSCALE,
-        family=_kernels("BLOCKSCALE"),
-        shapes=_unique(deepseek_v3_dense_shapes(8).values()),
-        dtype_cells=lambda arch: {},
-        torch_shapes=((128, 128),),
-    ),
-)
-
-
-def rows(recipe: TableRecipe) -> list[dict[str, str]]:
-    family = recipe.family()
-    out = []
-    for arch in recipe.archs():
-        cu_num = arch.default_cu_num
-        base = {"gfx": arch.name, "cu_num": str(cu_num), "us": "", **recipe.dtype_cells(arch)}
-        if "kernelId" in recipe.spec.header:
-            base["kernelId"] = "0"
-        for n, k in recipe.shapes:
-            for m in M_BUCKETS:
-                tile = family.heuristic_tile(m, n, k, cu_num, arch.mma)
-                # splitK 0: the runtime picks split-K per call, so it adapts inside the bucket.
-                out.append(
-                    base
-                    | {"M": str(m), "N": str(n), "K": str(k), "libtype": LIBTYPE_FLYDSL}
-                    | {"splitK": "0", "kernelName": family.kernel_name(arch.mma, tile)}
-                )
-        for n, k in recipe.torch_shapes:
-            for m in TORCH_M:
-                out.append(
-                    base
-                    | {"M": str(m), "N": str(n), "K": str(k), "libtype": LIBTYPE_TORCH}
-                    | {"splitK": "0", "kernelName": ""}
-                )
-    return out
-
-
-def render(recipe: TableRecipe) -> str:
-    """The table's CSV text, columns in the order its spec declares them."""
-    import pandas as pd
-
-    frame = pd.DataFrame(rows(recipe), columns=list(recipe.spec.header), dtype=str)
-    return frame.to_csv(index=False, lineterminator="\n")
+FAMILIES = (gemm, moe, conv3d, fmha_fp8)
 
 
 def main() -> None:
@@ -173,13 +20,8 @@ def main() -> None:
     parser.add_argument("--out-dir", default=str(HERE))
     args = parser.parse_args()
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
-    for recipe in RECIPES:
-        path = Path(args.out_dir) / recipe.file
-        path.write_text(render(recipe))
-        print(f"wrote {len(rows(recipe))} rows to {path}")
-    generate_moe.write(Path(args.out_dir))
-    generate_conv3d.write(Path(args.out_dir))
-    generate_fmha.write(Path(args.out_dir))
+    for family in FAMILIES:
+        family.write(Path(args.out_dir))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 
 from aiter.aot.flydsl.jobs import Call, Family, Job
 from aiter.aot.flydsl.protocol import JobInfo
-from aiter.ops.conv3d_tables import BORROW_RATIO, CONV3D
+from aiter.ops.conv3d.table import BORROW_RATIO, CONV3D
 from aiter.tuning import Row
 from aiter.tuning.spec import describe_variant
 
@@ -22,7 +22,7 @@ DTYPE = "bfloat16"  # the table is bf16's
 
 def caller(row: Row, variant: Mapping[str, str]) -> Call:
     """conv3d as a caller of this row's layer calls it, at a given frame count."""
-    from aiter.ops.conv3d import conv3d
+    from aiter.ops.conv3d.entry import conv3d
 
     n, c, h, w, k = (row.int(name) for name in ("N", "C", "H", "W", "K"))
     kernel = tuple(row.int(name) for name in ("kT", "kH", "kW"))
@@ -56,7 +56,7 @@ def caller(row: Row, variant: Mapping[str, str]) -> Call:
 def served_frames(row: Row, top: int) -> list[tuple[int, int]]:
     """The runs of frame counts (up to `top`) whose calls the runtime's lookup serves with `row`:
     its own, and those whose output positions lie within BORROW_RATIO of its own."""
-    from aiter.ops.conv3d_config import find_row, row_geometry
+    from aiter.ops.conv3d.plan import find_row, row_geometry
 
     geometry = row_geometry(row)
     has_bias = row["bias"].strip().lower() in ("1", "true", "1.0")

@@ -3,7 +3,7 @@ FakeTensors over a grid of batch sizes, query lengths and key lengths up to the 
 each return_lse choice, with bisection along every grid edge.
 
 Why every point inside the ranges is served, not only grid points: each compile-time choice of
-the launcher is either a function of one axis (attention_plan.ONE_AXIS: query block and the split
+the launcher is either a function of one axis (fmha_plan.ONE_AXIS: query block and the split
 gate by query length, rescale threshold and the split gate by key length) or a predicate that
 never turns on as batch or query length grow (whether KV splits are used). The grid holds every
 switch point of the one-axis functions (both sides), found by asking those functions, so inside a
@@ -20,7 +20,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from aiter.aot.flydsl.jobs import Call, Family, Job, grid_jobs
-from aiter.ops.fmha_tables import FMHA_FP8
+from aiter.ops.fmha_fp8.table import FMHA_FP8
 from aiter.tuning import Row
 from aiter.tuning.spec import describe_variant
 
@@ -29,7 +29,7 @@ SEQLEN_GRID_BASE = 4  # grid sequence lengths at powers of 4 (and the switch poi
 
 def caller(row: Row, variant: Mapping[str, str]) -> Call:
     """flash_attn_fp8 as a caller of this row's heads calls it, at (batch, query len, key len)."""
-    from aiter.ops.attention import flash_attn_fp8
+    from aiter.ops.fmha_fp8.entry import flash_attn_fp8
 
     hq, hkv = row.int("num_heads"), row.int("num_kv_heads")
     d, dv = row.int("head_dim"), row.int("head_dim_v")
@@ -77,7 +77,7 @@ def caller(row: Row, variant: Mapping[str, str]) -> Call:
 def axis_points(axis: str, top: int) -> list[int]:
     """Grid values of a sequence axis: powers of SEQLEN_GRID_BASE up to `top`, `top`, and both
     sides of every switch of the launcher's one-axis functions of this axis."""
-    from aiter.ops.attention_plan import ONE_AXIS
+    from aiter.ops.fmha_fp8.plan import ONE_AXIS
 
     points = {1, top}
     value = 1

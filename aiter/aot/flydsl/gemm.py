@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from aiter.aot.flydsl.jobs import Call, Family
-from aiter.ops.gemm_tables import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16
+from aiter.ops.gemm.table import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16
 from aiter.tuning import Row, TableSpec
 
 
@@ -27,7 +27,7 @@ def _empty(shape: tuple[int, ...], dtype):
 
 
 def _a16w16(row: Row, variant: Mapping[str, str]) -> Call:
-    from aiter.ops.gemm_a16w16 import gemm_a16w16
+    from aiter.ops.gemm.entry import gemm_a16w16
 
     n, k, with_bias = row.int("N"), row.int("K"), row.int("bias") == 1
 
@@ -40,7 +40,7 @@ def _a16w16(row: Row, variant: Mapping[str, str]) -> Call:
 
 
 def _a8w8_bpreshuffle(row: Row, variant: Mapping[str, str]) -> Call:
-    from aiter.ops import gemm_a8w8
+    from aiter.ops.gemm import entry as gemm_a8w8
 
     n, k = row.int("N"), row.int("K")
 
@@ -60,7 +60,7 @@ def _a8w8_bpreshuffle(row: Row, variant: Mapping[str, str]) -> Call:
 
 def _a8w8_blockscale(row: Row, variant: Mapping[str, str]) -> Call:
     from aiter import device
-    from aiter.ops import gemm_a8w8
+    from aiter.ops.gemm import entry as gemm_a8w8
 
     n, k = row.int("N"), row.int("K")
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 from aiter.aot.flydsl.jobs import Call, Family, Job
 from aiter.aot.flydsl.protocol import JobInfo
-from aiter.ops.moe_tables import ACT_SWIGLU, FMOE, QUANT_PER_TOKEN, SWIGLU_VARIANTS
+from aiter.ops.moe.table import ACT_SWIGLU, FMOE, QUANT_PER_TOKEN, SWIGLU_VARIANTS
 from aiter.tuning import Row
 from aiter.tuning.spec import describe_variant
 
@@ -43,7 +43,7 @@ def _variants(row: Row) -> list[dict[str, str]]:
 
 def caller(row: Row, variant: Mapping[str, str]) -> Call:
     """fused_moe as a caller of this row's layer calls it, at a given token count."""
-    from aiter.ops.moe import fused_moe
+    from aiter.ops.moe.entry import fused_moe
 
     model_dim, inter = row.int("model_dim"), row.int("inter_dim")
     experts, topk = row.int("expert"), row.int("topk")
@@ -85,7 +85,7 @@ def caller(row: Row, variant: Mapping[str, str]) -> Call:
 
 def token_segments(top: int) -> list[tuple[int, int, int]]:
     """(lo, hi, padded): the runs of 1..top over which the runtime's get_padded_M is constant."""
-    from aiter.ops.moe_host import get_padded_M
+    from aiter.ops.moe.host_planner import get_padded_M
 
     segments = []
     lo = 1
@@ -114,7 +114,7 @@ def make_jobs(
     """For each shape of `arch`, one job per padded-token run from 1 to the deployment's maximum
     and caller variant; the run is attributed to the row the runtime's lookup picks there (or,
     where no row serves, to the shape's nearest row: the planner serves it)."""
-    from aiter.ops.moe_config import tuned_row
+    from aiter.ops.moe.plan import tuned_row
 
     table = FMOE.load()
     top = maxima.get(FMOE.axis.name, FMOE.axis.default_max)

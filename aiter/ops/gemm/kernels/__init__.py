@@ -1,0 +1,1 @@
+"""FlyDSL kernels and launchers of this family, with their index arithmetic."""

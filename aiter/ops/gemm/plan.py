@@ -1,0 +1,304 @@
+"""What serves one GEMM call, for every GEMM family: how each family names its kernels and picks
+a tile and split-K for an untuned call (the heuristic), then the plan: the tuned row (exact M,
+then M's bucket), torch or a FlyDSL kernel chosen by the row or the heuristic. Reports to
+aiter.dispatch.
+
+Under AITER_AOT_FALLBACK=1 (see aiter.jit_monitor) `Plan.launch` serves a call whose kernel the
+cache lacks with an equivalent kernel it holds (KernelFamily.equivalent_choices).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from aiter import device, dispatch, jit_monitor
+from aiter.ops.gemm import table as gemm_table
+from aiter.ops.gemm.kernels.a8w8 import BLOCKSCALE_TILES, BPRESHUFFLE_TILES
+from aiter.ops.gemm.kernels.a16w16 import SUPPORTED_TILES as A16W16_TILES
+from aiter.ops.gemm.table import LIBTYPE_FLYDSL, LIBTYPE_TORCH
+from aiter.tuning import Row, TableError, TableSpec
+
+MAX_SPLIT_K = 8
+MIN_K_TILES_PER_SPLIT = 4  # a split shorter than this costs more in reduction than it saves
+SPLIT_KS = tuple(1 << i for i in range(MAX_SPLIT_K.bit_length()))  # 1, 2, 4, 8: what fallbacks try
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class KernelChoice:
+    family: KernelFamily
+    mma: str
+    tile: Any  # the family's tile type: tile_m, tile_n, tile_k
+    split_k: int
+
+    @property
+    def name(self) -> str:
+        return self.family.kernel_name(self.mma, self.tile)
+
+
+@dataclass(frozen=True)
+class KernelFamily:
+    """Kernel names `<prefix>_<mma>_<tile_m>x<tile_n>x<tile_k>` over the tiles each flavour has."""
+
+    prefix: str
+    tiles: Mapping[str, tuple[Any, ...]]  # MMA flavour -> supported tiles
+
+    def kernel_name(self, mma: str, tile: Any) -> str:
+        return f"{self.prefix}_{mma}_{tile.tile_m}x{tile.tile_n}x{tile.tile_k}"
+
+    def example_names(self, mma: str) -> str:
+        """Two real kernel names, of `mma` where the family has it, else of its first flavour."""
+        if mma not in self.tiles:
+            mma = next(iter(self.tiles))
+        return ", ".join(self.kernel_name(mma, t) for t in self.tiles[mma][:2])
+
+    def parse_kernel_name(self, name: str, mma: str) -> Any:
+        """The tile a kernelName names; ValueError saying what a name looks like otherwise."""
+        match = re.fullmatch(gemm_table.kernel_name_pattern(self.prefix), name.strip(), re.ASCII)
+        if not match:
+            raise ValueError(
+                f"{name!r} is not a {self.prefix} kernel name: expected "
+                f"{self.prefix}_<{'|'.join(self.tiles)}>_<tile_m>x<tile_n>x<tile_k>, "
+                f"e.g. {self.example_names(mma)}"
+            )
+        if match["mma"] != mma:
+            raise ValueError(
+                f"{name!r} names a {match['mma']} kernel, but this arch uses {mma} kernels"
+            )
+        if mma not in self.tiles:
+            raise ValueError(f"{name!r}: {self.prefix} has no {mma} kernels")
+        tile_type = type(self.tiles[mma][0])
+        tile = tile_type(int(match["m"]), int(match["n"]), int(match["k"]))
+        if tile not in self.tiles[mma]:
+            supported = ", ".join(f"{t.tile_m}x{t.tile_n}x{t.tile_k}" for t in self.tiles[mma])
+            raise ValueError(
+                f"{name!r}: tile not supported by the {mma} kernel; supported: {supported}"
+            )
+        return tile
+
+    def heuristic_tile(self, m: int, n: int, k: int, cu_num: int, mma: str) -> Any:
+        """Tile for an untuned shape.
+
+        tile_m: the smallest supported tile_m >= M (capped at the largest), so small-M decode
+        shapes waste no rows. tile_n: the widest supported tile_n that still gives at least one
+        block per CU, else the narrowest. tile_k: the largest supported tile_k dividing K.
+        """
+        tiles = self.tiles[mma]
+        tile_ms = sorted({t.tile_m for t in tiles})
+        tile_m = next((tm for tm in tile_ms if tm >= m), tile_ms[-1])
+        tile_ns = sorted({t.tile_n for t in tiles if t.tile_m == tile_m})
+        tile_n = tile_ns[0]
+        for tn in reversed(tile_ns):
+            if _ceil_div(m, tile_m) * _ceil_div(n, tn) >= cu_num:
+                tile_n = tn
+                break
+        tile_ks = sorted(
+            {t.tile_k for t in tiles if t.tile_m == tile_m and t.tile_n == tile_n}, reverse=True
+        )
+        tile_k = next((tk for tk in tile_ks if k % tk == 0), tile_ks[-1])
+        return type(tiles[0])(tile_m, tile_n, tile_k)
+
+    @staticmethod
+    def heuristic_split_k(m: int, n: int, k: int, cu_num: int, tile: Any) -> int:
+        """Split K when the output has fewer blocks than the GPU has CUs.
+
+        The largest power of two s <= MAX_SPLIT_K such that blocks * s <= cu_num and each split
+        keeps at least MIN_K_TILES_PER_SPLIT k-tiles; 1 when the output alone fills the GPU.
+        """
+        blocks = _ceil_div(m, tile.tile_m) * _ceil_div(n, tile.tile_n)
+        k_tiles = _ceil_div(k, tile.tile_k)
+        split = 1
+        while (
+            split * 2 <= MAX_SPLIT_K
+            and blocks * split * 2 <= cu_num
+            and k_tiles // (split * 2) >= MIN_K_TILES_PER_SPLIT
+        ):
+            split *= 2
+        return split
+
+    def choose(
+        self, m: int, n: int, k: int, cu_num: int, mma: str, tile: Any | None, split_k: int
+    ) -> KernelChoice:
+        """The kernel for one call: the row's tile and split-K where given, the heuristic else."""
+        if tile is None:
+            tile = self.heuristic_tile(m, n, k, cu_num, mma)
+        if split_k <= 0:
+            split_k = self.heuristic_split_k(m, n, k, cu_num, tile)
+        return KernelChoice(self, mma, tile, split_k)
+
+    def equivalent_choices(
+        self, choice: KernelChoice, m: int, n: int, k: int, cu_num: int
+    ) -> list[KernelChoice]:
+        """Kernels that compute what `choice` computes, in the order a fallback tries them:
+        `choice`'s tile with split_k 1, then with the other SPLIT_KS, then the heuristic's
+        tile and split-K (`choice` itself left out).
+
+        Every kernel of a family takes the same inputs and writes the same output for any tile
+        and split_k (the launchers' contracts); the tile and split-K change only how the K sum
+        is blocked and in which order its fp32 partial sums are added. So the result is the
+        same product, equal to the planned kernel's up to that rounding, as between two rows.
+        """
+        variants = [KernelChoice(self, choice.mma, choice.tile, s) for s in SPLIT_KS]
+        variants.append(self.choose(m, n, k, cu_num, choice.mma, None, 0))
+        unique: list[KernelChoice] = []
+        for variant in variants:
+            if variant != choice and variant not in unique:
+                unique.append(variant)
+        return unique
+
+
+A16W16 = KernelFamily(gemm_table.A16W16_KERNELS, A16W16_TILES)
+BPRESHUFFLE = KernelFamily(gemm_table.BPRESHUFFLE_KERNELS, BPRESHUFFLE_TILES)
+BLOCKSCALE = KernelFamily(gemm_table.BLOCKSCALE_KERNELS, BLOCKSCALE_TILES)
+
+
+def _row_ref(row: Row | None) -> str | None:
+    return f"{row.source}:{row.line}" if row is not None else None
+
+
+def _row_error(row: Row, column: str, message: str) -> TableError:
+    return TableError(
+        f"{row.source}:{row.line}: column {column!r}: {message}",
+        path=row.source,
+        line=row.line,
+        column=column,
+    )
+
+
+T = TypeVar("T")
+Args = Callable[[], dict[str, str]]  # the call's arguments as dispatch records show them
+
+
+@dataclass(frozen=True)
+class GemmCall:
+    """What a plan was made for: the table lookup key (arch and CU count included) and M."""
+
+    key: tuple[tuple[str, object], ...]
+    m: int
+    n: int
+    k: int
+    cu_num: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    op: str
+    row: Row | None  # the tuned row that served the call, None for an untuned shape
+    choice: KernelChoice | None  # the FlyDSL kernel, None when the row says torch
+    table: str | None = None  # the short name of the table looked up
+    call: GemmCall | None = None
+    planned: KernelChoice | None = None  # set when a fallback replaced this choice
+
+    @property
+    def use_torch(self) -> bool:
+        return self.choice is None
+
+    def report(self, args: Args | None = None) -> None:
+        """Tell aiter.dispatch how the call is served; call it once inputs passed every check."""
+        dispatch.report(lambda: self._record(args))
+
+    def launch(self, launch: Callable[[KernelChoice], T], args: Args | None = None) -> T:
+        """Report the call and launch its kernel: `launch(choice)` allocates and launches.
+
+        With AITER_AOT_FALLBACK=1, when the cache lacks a kernel the plan's choice launches, the
+        first equivalent choice whose kernels it holds is launched instead, and logged once;
+        when none is cached, the plan's choice is launched and the JIT policy decides. A
+        fallback never changes what the call computes: the tile and split-K block the K sum
+        differently, nothing else (gemm_plan.KernelFamily.equivalent_choices).
+        """
+        fallback = jit_monitor.settings().fallback and self.call is not None
+        served = self._cached_variant(launch) if fallback else self
+        served.report(args)
+        return launch(served.choice)
+
+    def _cached_variant(self, launch: Callable[[KernelChoice], object]) -> Plan:
+        call, planned = self.call, self.choice
+        variants = planned.family.equivalent_choices(planned, call.m, call.n, call.k, call.cu_num)
+        # The kernels a choice launches do not depend on M, the variants only through the
+        # heuristic's: the answer holds for every call with this key and these variants.
+        choice = jit_monitor.cached_equivalent(
+            self.op, call.key, planned, variants, launch, _describe
+        )
+        if choice == planned:
+            return self
+        return dataclasses.replace(self, choice=choice, planned=planned)
+
+    def _record(self, args: Args | None = None) -> dispatch.DispatchRecord:
+        source = "table" if self.row is not None else "heuristic"
+        described = args() if args is not None else {}
+        if self.choice is None:
+            return dispatch.DispatchRecord(
+                self.op,
+                dispatch.BACKEND_TORCH,
+                None,
+                source,
+                _row_ref(self.row),
+                args=described,
+                table=self.table,
+            )
+        params: dict[str, object] = {"split_k": self.choice.split_k}
+        if self.planned is not None:
+            params["fallback_from"] = _describe(self.planned)
+        return dispatch.DispatchRecord(
+            self.op,
+            dispatch.BACKEND_FLYDSL,
+            self.choice.name,
+            source,
+            _row_ref(self.row),
+            params,
+            args=described,
+            table=self.table,
+        )
+
+
+def _describe(choice: KernelChoice) -> str:
+    return f"{choice.name} split_k={choice.split_k}"
+
+
+def plan(
+    op: str,
+    spec: TableSpec,
+    family: KernelFamily,
+    key: Mapping[str, object],
+    m: int,
+    n: int,
+    k: int,
+) -> Plan:
+    """Look the call up in `spec`'s table and decide what serves it; nothing is reported yet.
+
+    Raises NotImplementedError when FlyDSL would serve the call but `family` has no kernel for
+    the device's MMA flavour.
+    """
+    arch, cu_num = device.arch(), device.cu_num()
+    lookup = {"gfx": arch, "cu_num": cu_num, **key}
+    row = spec.lookup(lookup, m)
+    call = GemmCall(tuple(sorted(lookup.items())), m, n, k, cu_num)
+    if row is not None and row["libtype"] == LIBTYPE_TORCH:
+        return Plan(op, row, None, spec.short_name, call)
+    if row is not None and row["libtype"] != LIBTYPE_FLYDSL:
+        raise _row_error(
+            row,
+            "libtype",
+            f"expected {LIBTYPE_FLYDSL!r} or {LIBTYPE_TORCH!r}, found {row['libtype']!r}",
+        )
+    mma = device.arch_info().mma
+    if mma not in family.tiles:
+        raise NotImplementedError(
+            f"{op} has no FlyDSL kernel for {arch}: {family.prefix} kernels exist for "
+            f"{', '.join(family.tiles)} archs, {arch} uses {mma}"
+        )
+    tile = None
+    if row is not None:
+        try:
+            tile = family.parse_kernel_name(row["kernelName"], mma)
+        except ValueError as err:
+            raise _row_error(row, "kernelName", str(err)) from None
+    choice = family.choose(m, n, k, cu_num, mma, tile, row.int("splitK") if row else 0)
+    return Plan(op, row, choice, spec.short_name, call)

@@ -1,0 +1,90 @@
+"""Generates the default fused-MoE table (`tuned_fmoe.csv`) from the MoE layers of real models.
+
+No AMD GPU was measured for it: every row leaves block_m, ksplit and the kernel names to the C++
+planner (0 and empty cells, chosen per call, so they adapt inside a bucket) and `us` empty.
+`python -m aiter.configs.generate` rewrites it with the GEMM tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from aiter.arch import ARCHS, ArchInfo
+from aiter.ops.moe import table as moe_table
+from aiter.ops.moe.table import FMOE
+
+# Padded token counts: get_padded_M rounds a call's tokens up to one of these.
+TOKENS = tuple(2**i for i in range(16))  # 1 .. 32768
+
+
+@dataclass(frozen=True)
+class MoeLayer:
+    """The routed experts of one model on one GPU."""
+
+    model: str
+    model_dim: int
+    inter_dim: int  # per expert, after tensor parallelism
+    experts: int  # global experts (the range of topk_ids)
+    topk: int
+    activation: str = "silu"
+
+
+LAYERS = (
+    MoeLayer("Mixtral-8x7B TP8", model_dim=4096, inter_dim=14336 // 8, experts=8, topk=2),
+    MoeLayer("Qwen3-30B-A3B TP1", model_dim=2048, inter_dim=768, experts=128, topk=8),
+    # Expert parallelism over 8 GPUs: 32 of the 256 routed experts are local (expert_mask).
+    MoeLayer("DeepSeek-V3 EP8", model_dim=7168, inter_dim=2048, experts=256, topk=8),
+)
+
+
+def _quant_cells(arch: ArchInfo) -> list[dict[str, str]]:
+    """bf16 weights and activations; the arch's fp8 flavour per token and channel."""
+    bf16, fp8 = "torch.bfloat16", f"torch.{arch.fp8_dtype_name}"
+    return [
+        {"q_dtype_a": bf16, "q_dtype_w": bf16, "q_type": moe_table.QUANT_NONE},
+        {"q_dtype_a": fp8, "q_dtype_w": fp8, "q_type": moe_table.QUANT_PER_TOKEN},
+    ]
+
+
+def rows() -> list[dict[str, str]]:
+    out = []
+    planner = moe_table.PLANNER_CHOOSES
+    for arch in ARCHS.values():
+        for layer in LAYERS:
+            for quant in _quant_cells(arch):
+                for tokens in TOKENS:
+                    row = dict.fromkeys(FMOE.header, "")
+                    row.update(
+                        gfx=arch.name,
+                        cu_num=str(arch.default_cu_num),
+                        token=str(tokens),
+                        model_dim=str(layer.model_dim),
+                        inter_dim=str(layer.inter_dim),
+                        expert=str(layer.experts),
+                        topk=str(layer.topk),
+                        act_type=moe_table.ACTIVATION_CELLS[layer.activation],
+                        dtype="torch.bfloat16",
+                        use_g1u1="1",
+                        doweight_stage1="0",
+                        block_m=planner,
+                        ksplit=planner,
+                        run_1stage="0",
+                        **quant,
+                    )
+                    out.append(row)
+    return out
+
+
+def render() -> str:
+    """The table's CSV text, columns in the order its spec declares them."""
+    import pandas as pd
+
+    frame = pd.DataFrame(rows(), columns=list(FMOE.header), dtype=str)
+    return frame.to_csv(index=False, lineterminator="\n")
+
+
+def write(out_dir: Path) -> None:
+    path = Path(out_dir) / FMOE.name
+    path.write_text(render())
+    print(f"wrote {len(rows())} rows to {path}")

@@ -1,0 +1,541 @@
+"""Tests of the a16w16 GEMM FlyDSL kernels without a GPU: their index math emulated on CPU
+against torch, their lane layouts against FlyDSL's MMA atoms, and compilation per arch."""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiter.ops.gemm.kernels import a16w16 as g
+from aiter.ops.shared import gemm_index as ix
+from op_tests.compile_child import compile_env, run_child
+
+REPO = Path(__file__).resolve().parents[2]
+ARCH_FLAVOUR = {"gfx942": "mfma", "gfx950": "mfma", "gfx1250": "wmma"}
+MMA_K = {"mfma": 16, "wmma": 32}
+
+
+# --- FlyDSL's MMA atoms: what each lane's registers hold ---------------------------------
+
+
+def _layout_offset(shape, stride, x: int) -> int:
+    """Offset of flat coordinate x in a (nested) CuTe-style layout, first mode fastest."""
+    if isinstance(shape, int):
+        return x * stride
+    offset = 0
+    for sub_shape, sub_stride in zip(shape, stride, strict=True):
+        size = _layout_size(sub_shape)
+        offset += _layout_offset(sub_shape, sub_stride, x % size)
+        x //= size
+    return offset
+
+
+def _layout_size(shape) -> int:
+    if isinstance(shape, int):
+        return shape
+    size = 1
+    for sub in shape:
+        size *= _layout_size(sub)
+    return size
+
+
+def _parse_layout(text: str):
+    """`!fly.layout<((16,4),4):((1,64),16)>` -> (shape, stride) as nested tuples."""
+    body = re.fullmatch(r"!fly\.layout<(.*)>", str(text).strip()).group(1)
+    shape, stride = body.split(":")
+    return ast.literal_eval(shape), ast.literal_eval(stride)
+
+
+def _tv_table(text: str, rows: int, values: int) -> list[list[tuple[int, int]]]:
+    """[lane][value] -> (row, column) inside the 16 x `cols` operand tile (column-major)."""
+    shape, stride = _parse_layout(text)
+    thr_shape, val_shape = shape
+    thr_stride, val_stride = stride
+    assert _layout_size(val_shape) == values
+    table = []
+    for lane in range(_layout_size(thr_shape)):
+        base = _layout_offset(thr_shape, thr_stride, lane)
+        table.append(
+            [
+                divmod(base + _layout_offset(val_shape, val_stride, v), rows)[::-1]
+                for v in range(values)
+            ]
+        )
+    return table
+
+
+_ATOMS: dict[str, dict[str, list]] = {}
+
+
+def atom_tables(mma: str) -> dict[str, list]:
+    """A, B and C thread-value tables of the MMA atom FlyDSL defines for the kernel's
+    instruction (bf16 and fp16 share one layout)."""
+    if mma not in _ATOMS:
+        from flydsl._mlir import ir
+        from flydsl._mlir._mlir_libs._mlirDialectsFly import MmaAtomType
+        from flydsl._mlir._mlir_libs._mlirDialectsFlyROCDL import (
+            MmaOpCDNA3_MFMAType,
+            MmaOpGFX1250_WMMAType,
+        )
+
+        wsz = ix.WAVE_SIZE[mma]
+        k = MMA_K[mma]
+        with ir.Context(), ir.Location.unknown():
+            bf16, f32 = ir.BF16Type.get(), ir.F32Type.get()
+            if mma == "mfma":
+                op = MmaOpCDNA3_MFMAType.get(16, 16, k, bf16, bf16, f32)
+            else:
+                op = MmaOpGFX1250_WMMAType.get(16, 16, k, bf16, bf16, f32)
+            atom = MmaAtomType.get(op)
+            assert str(atom.thr_layout) == f"!fly.layout<{wsz}:1>"
+            per_lane = 16 * k // wsz
+            _ATOMS[mma] = {
+                "A": _tv_table(atom.tv_layout_a, 16, per_lane),
+                "B": _tv_table(atom.tv_layout_b, 16, per_lane),
+                "C": _tv_table(atom.tv_layout_c, 16, ix.acc_rows_per_lane(wsz)),
+            }
+    return _ATOMS[mma]
+
+
+@pytest.mark.parametrize("mma", ["mfma", "wmma"])
+def test_kernel_lane_math_matches_flydsl_mma_atom(mma: str) -> None:
+    """The kernel feeds lane l the operand row l % 16 and reads C element (acc_row, acc_col);
+    FlyDSL's atom for the same instruction must agree, and A and B must pair each K slot."""
+    wsz = ix.WAVE_SIZE[mma]
+    tables = atom_tables(mma)
+    for lane in range(wsz):
+        for e, ((a_row, a_k), (b_col, b_k)) in enumerate(
+            zip(tables["A"][lane], tables["B"][lane], strict=True)
+        ):
+            assert a_row == ix.lane_operand_row(lane), (lane, e)
+            assert b_col == ix.lane_operand_row(lane), (lane, e)
+            assert a_k == b_k, (lane, e)
+        for e, (row, col) in enumerate(tables["C"][lane]):
+            assert (row, col) == (ix.acc_row(lane, e, wsz), ix.acc_col(lane)), (lane, e)
+
+
+def test_atom_layout_parser() -> None:
+    # CDNA3 16x16x16 MFMA A operand: lane l holds row l % 16, K slots 4 * (l // 16) + v.
+    table = _tv_table("!fly.layout<((16,4),4):((1,64),16)>", 16, 4)
+    assert table[0] == [(0, 0), (0, 1), (0, 2), (0, 3)]
+    assert table[17] == [(1, 4), (1, 5), (1, 6), (1, 7)]
+    assert table[63][3] == (15, 15)
+
+
+# --- pure index math ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("num_kb", [0, 1, 2, 3, 5, 8, 13, 64])
+@pytest.mark.parametrize("split_k", [1, 2, 3, 4, 7, 16])
+def test_split_k_ranges_cover_k_once(num_kb: int, split_k: int) -> None:
+    seen = []
+    sizes = []
+    previous_end = 0
+    for split in range(split_k):
+        begin, end = ix.split_k_range(split, num_kb, split_k)
+        assert begin == previous_end and begin <= end
+        previous_end = end
+        seen.extend(range(begin, end))
+        sizes.append(end - begin)
+    assert seen == list(range(num_kb))
+    assert max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize("blocks_per_iter", [1, 2])
+@pytest.mark.parametrize(("begin", "end"), [(0, 0), (0, 1), (3, 8), (5, 10), (2, 3)])
+def test_main_and_tail_loops_cover_the_split(blocks_per_iter: int, begin: int, end: int) -> None:
+    assert _k_blocks_visited(begin, end, blocks_per_iter) == list(range(begin, end))
+
+
+def _k_blocks_visited(begin: int, end: int, blocks_per_iter: int) -> list[int]:
+    """The k-blocks the kernel's main loop then tail loop run, in order."""
+    iters, tail_begin = ix.k_loop_counts(begin, end, blocks_per_iter)
+    visited = [
+        begin + it * blocks_per_iter + j for it in range(iters) for j in range(blocks_per_iter)
+    ]
+    if blocks_per_iter > 1:
+        visited += range(tail_begin, end)
+    return visited
+
+
+@pytest.mark.parametrize("mma", ["mfma", "wmma"])
+def test_every_tile_element_has_one_owner(mma: str) -> None:
+    """Across waves, MMA repeats, lanes and accumulator elements, a block covers its tile once."""
+    wsz = ix.WAVE_SIZE[mma]
+    for tile in g.SUPPORTED_TILES[mma]:
+        reps_m, reps_n = ix.mma_repeats(tile.tile_m, tile.tile_n)
+        owners = torch.zeros(tile.tile_m, tile.tile_n, dtype=torch.int32)
+        for wave in range(ix.WAVES_PER_BLOCK):
+            wave_m, wave_n = ix.wave_origin(wave, tile.tile_m, tile.tile_n)
+            for i in range(reps_m):
+                for j in range(reps_n):
+                    for lane in range(wsz):
+                        for e in range(ix.acc_rows_per_lane(wsz)):
+                            r, c = ix.c_coord(0, 0, wave_m, wave_n, i, j, lane, e, wsz)
+                            owners[r, c] += 1
+        assert torch.equal(owners, torch.ones_like(owners)), tile
+
+
+@pytest.mark.parametrize("mma", ["mfma", "wmma"])
+def test_supported_tiles_fit_the_kernel(mma: str) -> None:
+    for tile in g.SUPPORTED_TILES[mma]:
+        waves_m, waves_n = ix.wave_layout(tile.tile_m)
+        assert waves_m * waves_n == ix.WAVES_PER_BLOCK
+        assert tile.tile_m % (waves_m * ix.MMA_MN) == 0
+        assert tile.tile_n % (waves_n * ix.MMA_MN) == 0
+        assert tile.tile_k % ix.K_BLOCK == 0
+    assert g.K_MULTIPLE == ix.K_BLOCK == 32
+    assert g.N_MULTIPLE == 1
+
+
+# --- the kernels' arithmetic, emulated on CPU --------------------------------------------
+
+
+def _pick(cond: bool, a: int, b: int) -> int:
+    """What the kernel's `cond.select(a, b)` computes."""
+    return a if cond else b
+
+
+def emulate_gemm(a, b, bias, out_dtype, tile: g.GemmTile, split_k: int, mma: str):
+    """Run the kernels' index math with torch gathers and scatters, as the GPU would.
+
+    Returns (out, write counts of out, write counts of the workspace or None).
+    """
+    m, k = a.shape
+    n = b.shape[0]
+    wsz = ix.WAVE_SIZE[mma]
+    run = ix.k_run(wsz)
+    per_mma = 16 * MMA_K[mma] // wsz
+    tables = atom_tables(mma)
+    a_idx = torch.tensor([[r * MMA_K[mma] + kk for r, kk in lane] for lane in tables["A"]])
+    b_idx = torch.tensor([[r * MMA_K[mma] + kk for r, kk in lane] for lane in tables["B"]])
+    c_idx = torch.tensor([[r * 16 + c for r, c in lane] for lane in tables["C"]])
+    af, bf = a.float().reshape(-1), b.float().reshape(-1)
+    reps_m, reps_n = ix.mma_repeats(tile.tile_m, tile.tile_n)
+    blocks_per_iter = tile.tile_k // ix.K_BLOCK
+    grid_x, grid_y, grid_z = ix.grid_size(m, n, tile.tile_m, tile.tile_n, split_k)
+    lanes = range(wsz)
+    dst = torch.zeros((split_k * m * n) if split_k > 1 else (m * n), dtype=torch.float32)
+    dst_writes = torch.zeros_like(dst, dtype=torch.int32)
+    dropped = 0
+
+    for split in range(grid_z):
+        kb_begin, kb_end = ix.split_k_range(split, k // ix.K_BLOCK, split_k)
+        k_blocks = _k_blocks_visited(kb_begin, kb_end, blocks_per_iter)
+        for bid_m in range(grid_y):
+            for bid_n in range(grid_x):
+                origin_m, origin_n = ix.block_origin(bid_m, bid_n, tile.tile_m, tile.tile_n)
+                for wave in range(ix.WAVES_PER_BLOCK):
+                    wave_m, wave_n = ix.wave_origin(wave, tile.tile_m, tile.tile_n)
+                    a_rows, b_rows = [], []
+                    for i in range(reps_m):
+                        rows = [ix.operand_row(origin_m, wave_m, i, ln) for ln in lanes]
+                        a_rows.append([_pick(r < m, r, m - 1) for r in rows])
+                    for j in range(reps_n):
+                        rows = [ix.operand_row(origin_n, wave_n, j, ln) for ln in lanes]
+                        b_rows.append([_pick(r < n, r, n - 1) for r in rows])
+                    accs = torch.zeros(reps_m, reps_n, wsz, ix.acc_rows_per_lane(wsz))
+                    for kb in k_blocks:
+                        a_runs = [_gather(af, a_rows[i], k, kb, wsz, run, m) for i in range(reps_m)]
+                        b_runs = [_gather(bf, b_rows[j], k, kb, wsz, run, n) for j in range(reps_n)]
+                        for i in range(reps_m):
+                            for j in range(reps_n):
+                                for step in range(run // per_mma):
+                                    part = slice(step * per_mma, (step + 1) * per_mma)
+                                    a_tile = torch.zeros(16 * MMA_K[mma])
+                                    b_tile = torch.zeros(16 * MMA_K[mma])
+                                    a_tile[a_idx] = a_runs[i][:, part]
+                                    b_tile[b_idx] = b_runs[j][:, part]
+                                    c_tile = a_tile.view(16, -1) @ b_tile.view(16, -1).T
+                                    accs[i, j] += c_tile.reshape(-1)[c_idx]
+                    dropped += _epilogue(
+                        accs, bias, dst, dst_writes, origin_m, origin_n, wave_m, wave_n,
+                        split, m, n, split_k, wsz, out_dtype,
+                    )  # fmt: skip
+    assert (m % tile.tile_m == 0 and n % tile.tile_n == 0) or dropped > 0
+
+    if split_k == 1:
+        return dst.view(m, n).to(out_dtype), dst_writes.view(m, n), None
+    out, out_writes = _emulate_reduce(dst, bias, m, n, split_k, out_dtype)
+    return out, out_writes, dst_writes.view(split_k, m, n)
+
+
+def _gather(flat, rows, ld, kb, wsz, run, bound_rows):
+    """[lane, run] operand values: each lane's contiguous K run of its (clamped) row."""
+    offsets = []
+    for lane, row in enumerate(rows):
+        assert 0 <= row < bound_rows  # loads never touch rows past M (or N)
+        off = ix.operand_offset(row, ld, kb, lane, wsz)
+        assert row * ld <= off and off + run <= (row + 1) * ld  # the run stays in its row
+        offsets.append(off)
+    return flat[torch.tensor(offsets)[:, None] + torch.arange(run)]
+
+
+def _epilogue(accs, bias, dst, writes, origin_m, origin_n, wave_m, wave_n, split, m, n, split_k,
+              wsz, out_dtype) -> int:  # fmt: skip
+    """Bias, cast and predicated stores, as the main kernel does; returns stores dropped."""
+    reps_m, reps_n = accs.shape[:2]
+    dropped = 0
+    for j in range(reps_n):
+        for i in range(reps_m):
+            for lane in range(wsz):
+                for e in range(ix.acc_rows_per_lane(wsz)):
+                    value = accs[i, j, lane, e]
+                    if bias is not None and split_k == 1:
+                        _, col0 = ix.c_coord(origin_m, origin_n, wave_m, wave_n, 0, j, lane, 0, wsz)
+                        value = value + bias[_pick(col0 < n, col0, n - 1)].float()
+                    if split_k == 1:
+                        value = value.to(out_dtype).float()
+                    row, col = ix.c_coord(origin_m, origin_n, wave_m, wave_n, i, j, lane, e, wsz)
+                    if not ix.in_bounds(row, col, m, n):
+                        dropped += 1
+                        continue
+                    if split_k > 1:
+                        off = ix.workspace_offset(split, row, col, m, n)
+                    else:
+                        off = ix.c_offset(row, col, n)
+                    dst[off] = value
+                    writes[off] += 1
+    return dropped
+
+
+def _emulate_reduce(ws, bias, m, n, split_k, out_dtype):
+    out = torch.zeros(m * n, dtype=torch.float32)
+    writes = torch.zeros(m * n, dtype=torch.int32)
+    for bid in range(ix.reduce_grid_size(m, n)):
+        for tid in range(ix.REDUCE_BLOCK):
+            idx, col = ix.reduce_element(bid, tid, n)
+            if not idx < m * n:
+                continue
+            total = ws[idx]
+            for s in range(1, split_k):
+                total = total + ws[s * m * n + idx]
+            if bias is not None:
+                total = total + bias[col].float()
+            out[idx] = total.to(out_dtype).float()
+            writes[idx] += 1
+    return out.view(m, n).to(out_dtype), writes.view(m, n)
+
+
+EMULATED = [
+    # mma, tile, split_k, M, N, K, in dtype, out dtype, bias
+    ("mfma", (32, 64, 64), 1, 45, 80, 160, torch.bfloat16, torch.bfloat16, True),
+    ("mfma", (16, 128, 32), 3, 7, 128, 96, torch.float16, torch.float32, True),
+    ("mfma", (64, 64, 64), 4, 70, 64, 64, torch.bfloat16, torch.float16, False),
+    ("mfma", (128, 64, 64), 2, 1, 40, 224, torch.float16, torch.float16, True),
+    ("wmma", (32, 64, 64), 2, 33, 72, 160, torch.bfloat16, torch.bfloat16, True),
+    ("wmma", (16, 64, 32), 1, 20, 64, 64, torch.float16, torch.float32, False),
+    ("wmma", (128, 64, 32), 5, 130, 48, 96, torch.float16, torch.float16, True),
+]
+
+
+@pytest.mark.parametrize(
+    ("mma", "tile", "split_k", "m", "n", "k", "dtype", "out_dtype", "with_bias"), EMULATED
+)
+def test_emulated_kernel_matches_torch(mma, tile, split_k, m, n, k, dtype, out_dtype, with_bias) -> None:  # fmt: skip
+    gen = torch.Generator().manual_seed(m * 1000 + n + k + split_k)
+    # Small integers: every fp32 sum is exact, so the emulation must match bit for bit.
+    a = torch.randint(-3, 4, (m, k), generator=gen).to(dtype)
+    b = torch.randint(-3, 4, (n, k), generator=gen).to(dtype)
+    bias = torch.randint(-8, 9, (n,), generator=gen).to(out_dtype) if with_bias else None
+    out, out_writes, ws_writes = emulate_gemm(
+        a, b, bias, out_dtype, g.GemmTile(*tile), split_k, mma
+    )
+
+    expected = a.float() @ b.float().T
+    if bias is not None:
+        expected = expected + bias.float()
+    assert torch.equal(out, expected.to(out_dtype))
+    assert torch.equal(out_writes, torch.ones(m, n, dtype=torch.int32))
+    if split_k > 1:  # every split writes its whole partial, zeros for an empty K range
+        assert torch.equal(ws_writes, torch.ones(split_k, m, n, dtype=torch.int32))
+
+
+# --- host entry --------------------------------------------------------------------------
+
+
+def _tensors(m=4, n=64, k=64):
+    return (
+        torch.empty(m, k, dtype=torch.bfloat16),
+        torch.empty(n, k, dtype=torch.bfloat16),
+        torch.empty(m, n, dtype=torch.bfloat16),
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (dict(tile=g.GemmTile(32, 64, 32), split_k=1, mma="xdl"), "mma: expected one of"),
+        (dict(tile=g.GemmTile(32, 96, 32), split_k=1, mma="mfma"), "tile: .* not supported"),
+        (dict(tile=g.GemmTile(32, 64, 48), split_k=1, mma="wmma"), "tile: .* not supported"),
+        (dict(tile=g.GemmTile(32, 64, 32), split_k=0, mma="mfma"), "split_k: expected an int"),
+        (dict(tile=g.GemmTile(32, 64, 32), split_k=2, mma="mfma"), "workspace: expected"),
+    ],
+)
+def test_launch_rejects_bad_arguments(kwargs, message) -> None:
+    a, b, out = _tensors()
+    with pytest.raises(ValueError, match=message):
+        g.launch_gemm_a16w16(a, b, None, out, None, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("shapes", "message"),
+    [
+        (((4, 48), (64, 48), (4, 64)), "a: K = a.shape.1. must be a positive multiple of 32"),
+        (((4, 64), (64, 32), (4, 64)), r"b: expected shape \[N, 64\]"),
+        (((4, 64), (64, 64), (5, 64)), r"out: expected shape \[4, 64\]"),
+    ],
+)
+def test_launch_rejects_bad_shapes(shapes, message) -> None:
+    a, b, out = (torch.empty(s, dtype=torch.bfloat16) for s in shapes)
+    with pytest.raises(ValueError, match=message):
+        g.launch_gemm_a16w16(
+            a, b, None, out, None, tile=g.GemmTile(32, 64, 32), split_k=1, mma="mfma"
+        )
+
+
+@pytest.mark.gpu
+def test_kernel_numerics_on_gpu() -> None:
+    a = torch.randn(100, 256, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(192, 256, dtype=torch.bfloat16, device="cuda")
+    bias = torch.randn(192, dtype=torch.bfloat16, device="cuda")
+    out = torch.empty(100, 192, dtype=torch.bfloat16, device="cuda")
+    ws = torch.empty(3, 100, 192, dtype=torch.float32, device="cuda")
+    for split_k, workspace in ((1, None), (3, ws)):
+        g.launch_gemm_a16w16(
+            a, b, bias, out, workspace, tile=g.GemmTile(32, 64, 64), split_k=split_k, mma="mfma"
+        )
+        torch.testing.assert_close(out, (a @ b.T + bias), rtol=2e-2, atol=2e-2)
+
+
+# --- compilation per arch ----------------------------------------------------------------
+
+# tile, split_k, input dtype, output dtype, bias: every dtype and both epilogues appear.
+COMPILED = [
+    ((64, 128, 64), 1, "bfloat16", "bfloat16", True),
+    ((32, 64, 32), 3, "float16", "float32", True),
+    ((16, 64, 64), 1, "float16", "float16", False),
+    ((128, 128, 32), 2, "bfloat16", "bfloat16", False),
+]
+
+_CHILD = """
+import json, sys, time
+import torch
+from aiter.ops.gemm.kernels.a16w16 import GemmTile, launch_gemm_a16w16
+
+mma, configs = sys.argv[1], json.loads(sys.argv[2])
+m, n, k = 37, 200, 160
+times = []
+for tile, split_k, dtype, out_dtype, with_bias in configs:
+    dtype, out_dtype = getattr(torch, dtype), getattr(torch, out_dtype)
+    a, b = torch.empty(m, k, dtype=dtype), torch.empty(n, k, dtype=dtype)
+    out = torch.empty(m, n, dtype=out_dtype)
+    bias = torch.empty(n, dtype=out_dtype) if with_bias else None
+    ws = torch.empty(split_k, m, n, dtype=torch.float32) if split_k > 1 else None
+    start = time.perf_counter()
+    launch_gemm_a16w16(a, b, bias, out, ws, tile=GemmTile(*tile), split_k=split_k, mma=mma)
+    times.append(time.perf_counter() - start)
+print(json.dumps(times))
+"""
+
+
+@pytest.fixture(scope="module", params=list(ARCH_FLAVOUR))
+def compiled(request, rocm_path: str, tmp_path_factory) -> dict:
+    """Compile COMPILED for one arch in a child process; the cache entries it wrote."""
+    arch = request.param
+    mma = ARCH_FLAVOUR[arch]
+    cache = tmp_path_factory.mktemp(f"cache_{arch}")
+    child = run_child(_CHILD, [mma, json.dumps(COMPILED)], compile_env(arch, rocm_path, cache))
+    assert child.returncode == 0, (
+        f"{arch}: compile process exited with {child.returncode}"
+        f" (negative: killed by signal)\n{child.stderr[-4000:]}"
+    )
+    return {
+        "arch": arch,
+        "mma": mma,
+        "times": json.loads(child.stdout.strip().splitlines()[-1]),
+        "main": sorted(cache.glob("gemm_a16w16_[0-9a-f]*/*.pkl")),
+        "reduce": sorted(cache.glob("gemm_a16w16_splitk_reduce_*/*.pkl")),
+    }
+
+
+@pytest.mark.slow
+def test_one_cache_entry_per_specialization(compiled: dict) -> None:
+    print(f"{compiled['arch']} compile seconds: {[round(t, 2) for t in compiled['times']]}")
+    assert len(compiled["main"]) == len(COMPILED)
+    assert len(compiled["reduce"]) == sum(1 for cfg in COMPILED if cfg[1] > 1)
+
+
+@pytest.mark.slow
+def test_code_objects_target_the_arch(compiled: dict) -> None:
+    from aiter.aot.flydsl import elf
+    from aiter.aot.flydsl.hooks import extract_code_objects
+
+    for entry in compiled["main"] + compiled["reduce"]:
+        codes = extract_code_objects(entry)
+        assert len(codes) == 1, entry
+        header = elf.parse_header(codes[0])
+        assert header.e_machine == 224, entry
+        assert header.e_flags & 0xFF == elf.ARCH_TO_MACH[compiled["arch"]], entry
+
+
+@pytest.mark.slow
+def test_disassembly_uses_the_arch_mma(compiled: dict) -> None:
+    from aiter.aot.flydsl import elf
+    from aiter.aot.flydsl.hooks import extract_code_objects
+
+    arch = compiled["arch"]
+    mma_prefix = "v_mfma_f32_16x16x16" if compiled["mma"] == "mfma" else "v_wmma_f32_16x16x32"
+    other_prefix = "v_wmma" if compiled["mma"] == "mfma" else "v_mfma"
+    for entry in compiled["main"] + compiled["reduce"]:
+        text = elf.disassemble(extract_code_objects(entry)[0], arch)
+        if text is None:
+            pytest.skip(
+                f"no installed llvm-objdump knows {arch} (LLVM 19 knows gfx942, gfx950 needs "
+                "LLVM 20+, gfx1250 LLVM 22+); set AITER_LLVM_OBJDUMP to one that does"
+            )
+        assert (mma_prefix in text) == (entry in compiled["main"]), entry
+        assert other_prefix not in text, entry
+
+
+_ISA_CHILD = """
+import sys
+import torch
+from aiter.ops.gemm.kernels.a16w16 import GemmTile, launch_gemm_a16w16
+
+mma, dtype = sys.argv[1], getattr(torch, sys.argv[2])
+a, b = torch.empty(37, 64, dtype=dtype), torch.empty(64, 64, dtype=dtype)
+out = torch.empty(37, 64, dtype=dtype)
+launch_gemm_a16w16(a, b, None, out, None, tile=GemmTile(16, 64, 32), split_k=1, mma=mma)
+"""
+
+# (arch, input dtype) -> the MMA instruction the kernel must use, and the wave size.
+ISA_EXPECTED = {
+    ("gfx942", "bfloat16"): ("v_mfma_f32_16x16x16_bf16", 64),
+    ("gfx950", "float16"): ("v_mfma_f32_16x16x16_f16", 64),
+    ("gfx1250", "bfloat16"): ("v_wmma_f32_16x16x32_bf16", 32),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch, dtype", list(ISA_EXPECTED))
+def test_isa_listing_uses_the_arch_mma(arch: str, dtype: str, rocm_path: str, tmp_path) -> None:
+    """FlyDSL's own ISA listing of the compile (LLVM's AMDGPU backend output) for every arch,
+    where no installed llvm-objdump can disassemble the code object."""
+    expected, wave = ISA_EXPECTED[(arch, dtype)]
+    mma = ARCH_FLAVOUR[arch]
+    env = compile_env(arch, rocm_path, tmp_path / "cache", dump=tmp_path / "dump")
+    child = run_child(_ISA_CHILD, [mma, dtype], env)
+    assert child.returncode == 0, child.stderr[-4000:]
+    listings = sorted((tmp_path / "dump").glob("gemm_a16w16_kernel_*/*final_isa.s"))
+    assert len(listings) == 1, listings
+    text = listings[0].read_text()
+    assert f'.amdgcn_target "amdgcn-amd-amdhsa-unknown-{arch}"' in text
+    assert expected in text
+    assert ("v_wmma" if mma == "mfma" else "v_mfma") not in text
+    assert f".wavefront_size: {wave}" in text

@@ -1,0 +1,845 @@
+"""Tests of the a8w8 (fp8/int8) GEMM FlyDSL kernels without a GPU: weight preshuffle, index math
+and split-K semaphore protocol emulated on CPU against torch, MMA lane layouts, per-arch compiles.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiter.ops.gemm.kernels import a8w8 as g
+from aiter.ops.shared import gemm_index_8bit as ix
+from aiter.ops.shared import preshuffle
+from op_tests.compile_child import compile_env, run_child
+
+REPO = Path(__file__).resolve().parents[2]
+FNUZ, FN, I8 = torch.float8_e4m3fnuz, torch.float8_e4m3fn, torch.int8
+
+
+# --- FlyDSL's MMA atoms: what each lane's registers hold ---------------------------------
+
+
+def _layout_size(shape) -> int:
+    if isinstance(shape, int):
+        return shape
+    size = 1
+    for sub in shape:
+        size *= _layout_size(sub)
+    return size
+
+
+def _layout_offset(shape, stride, x: int) -> int:
+    """Offset of flat coordinate x in a (nested) CuTe-style layout, first mode fastest."""
+    if isinstance(shape, int):
+        return x * stride
+    offset = 0
+    for sub_shape, sub_stride in zip(shape, stride, strict=True):
+        size = _layout_size(sub_shape)
+        offset += _layout_offset(sub_shape, sub_stride, x % size)
+        x //= size
+    return offset
+
+
+def _tv_table(text: str, values: int) -> list[list[tuple[int, int]]]:
+    """[lane][value] -> (row, column) inside a 16-row operand tile stored column-major."""
+    body = re.fullmatch(r"!fly\.layout<(.*)>", str(text).strip()).group(1)
+    shape, stride = (ast.literal_eval(part) for part in body.split(":"))
+    (thr_shape, val_shape), (thr_stride, val_stride) = shape, stride
+    assert _layout_size(val_shape) == values
+    table = []
+    for lane in range(_layout_size(thr_shape)):
+        base = _layout_offset(thr_shape, thr_stride, lane)
+        offsets = [base + _layout_offset(val_shape, val_stride, v) for v in range(values)]
+        table.append([(off % 16, off // 16) for off in offsets])
+    return table
+
+
+def test_atom_layout_parser() -> None:
+    # CDNA3 16x16x32 fp8 MFMA A operand: lane l holds row l % 16, K slots 8 * (l // 16) + v.
+    table = _tv_table("!fly.layout<((16,4),8):((1,128),16)>", 8)
+    assert table[0] == [(0, v) for v in range(8)]
+    assert table[17] == [(1, 8 + v) for v in range(8)]
+    assert table[63][7] == (15, 31)
+
+
+_ATOM_CHILD = """
+import json, sys
+from flydsl._mlir import ir
+from flydsl._mlir._mlir_libs._mlirDialectsFly import MmaAtomType
+from flydsl._mlir._mlir_libs._mlirDialectsFlyROCDL import MmaOpCDNA3_MFMAType, MmaOpGFX1250_WMMAType
+
+mma, dtype = sys.argv[1], sys.argv[2]
+with ir.Context(), ir.Location.unknown():
+    elem = {
+        "fnuz": ir.Float8E4M3FNUZType.get,
+        "fn": ir.Float8E4M3FNType.get,
+        "i8": lambda: ir.IntegerType.get_signless(8),
+    }[dtype]()
+    acc = ir.IntegerType.get_signless(32) if dtype == "i8" else ir.F32Type.get()
+    cls, k = (MmaOpCDNA3_MFMAType, 32) if mma == "mfma" else (MmaOpGFX1250_WMMAType, 64)
+    atom = MmaAtomType.get(cls.get(16, 16, k, elem, elem, acc))
+    print(json.dumps([str(atom.thr_layout), str(atom.tv_layout_a), str(atom.tv_layout_b),
+                      str(atom.tv_layout_c)]))
+"""
+
+# (flavour, input dtype) pairs whose FlyDSL atom the kernels' instruction corresponds to.
+ATOM_CASES = [("mfma", "fnuz"), ("mfma", "fn"), ("mfma", "i8"), ("wmma", "fn"), ("wmma", "i8")]
+ATOM_DTYPE = {FNUZ: "fnuz", FN: "fn", I8: "i8"}
+_ATOMS: dict[tuple[str, str], dict[str, list]] = {}
+
+
+def atom_tables(mma: str, dtype: str) -> dict[str, list]:
+    """A, B and C thread-value tables of FlyDSL's atom for the kernel's MMA instruction.
+
+    Built in a child process: FlyDSL asserts (aborting the process) on an atom it lacks.
+    """
+    if (mma, dtype) not in _ATOMS:
+        child = subprocess.run(
+            [sys.executable, "-c", _ATOM_CHILD, mma, dtype],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert child.returncode == 0, child.stderr[-2000:]
+        thr, a, b, c = json.loads(child.stdout.strip().splitlines()[-1])
+        wsz = ix.WAVE_SIZE[mma]
+        assert thr == f"!fly.layout<{wsz}:1>"
+        per_lane = 16 * ix.MMA_K[mma] // wsz
+        _ATOMS[(mma, dtype)] = {
+            "A": _tv_table(a, per_lane),
+            "B": _tv_table(b, per_lane),
+            "C": _tv_table(c, ix.acc_rows_per_lane(wsz)),
+        }
+    return _ATOMS[(mma, dtype)]
+
+
+@pytest.mark.parametrize(("mma", "dtype"), ATOM_CASES)
+def test_lane_layout_matches_flydsl_mma_atom(mma: str, dtype: str) -> None:
+    """Lane l feeds operand row l % 16 for A and B with one shared K-slot order and reads C
+    element (acc_row, acc_col); FlyDSL's atom for the same instruction must agree."""
+    wsz = ix.WAVE_SIZE[mma]
+    tables = atom_tables(mma, dtype)
+    assert tables["A"] == tables["B"]
+    for lane in range(wsz):
+        for row, _ in tables["A"][lane]:
+            assert row == ix.lane_operand_row(lane), lane
+        for e, (row, col) in enumerate(tables["C"][lane]):
+            assert (row, col) == (ix.acc_row(lane, e, wsz), ix.acc_col(lane)), (lane, e)
+
+
+@pytest.mark.parametrize(("mma", "dtype"), ATOM_CASES)
+def test_lane_k_runs_feed_every_k_once(mma: str, dtype: str) -> None:
+    """Per operand row, the MMA K slots of all steps of a k-block map one to one onto the
+    k-block's 64 k, through each lane's contiguous run (the kernel's operand_offset)."""
+    wsz = ix.WAVE_SIZE[mma]
+    per_mma = 16 * ix.MMA_K[mma] // wsz
+    assert per_mma * ix.mma_steps(mma) == ix.k_run(wsz)
+    table = atom_tables(mma, dtype)["A"]
+    for row in range(16):
+        seen = []
+        for step in range(ix.mma_steps(mma)):
+            slot_to_k = {}
+            for lane in range(wsz):
+                if ix.lane_operand_row(lane) != row:
+                    continue
+                for v, (_, slot) in enumerate(table[lane]):
+                    slot_to_k[slot] = ix.lane_k_offset(lane, wsz) + step * per_mma + v
+            assert sorted(slot_to_k) == list(range(ix.MMA_K[mma]))
+            seen += slot_to_k.values()
+        assert sorted(seen) == list(range(ix.K_BLOCK))
+
+
+# --- weight preshuffle ---------------------------------------------------------------------
+
+
+def _random_bytes(shape, dtype, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(-128, 128, shape, generator=gen, dtype=torch.int8).view(dtype)
+
+
+@pytest.mark.parametrize("dtype", [FNUZ, FN, I8])
+@pytest.mark.parametrize(
+    ("shape", "layout"),
+    [((16, 16), (16, 16)), ((32, 64), (16, 16)), ((48, 192), (16, 16)), ((64, 64), (32, 8))],
+)
+def test_shuffle_round_trip_is_identity(dtype, shape, layout) -> None:
+    w = _random_bytes(shape, dtype, seed=shape[0] * shape[1])
+    shuffled = preshuffle.shuffle_weight(w, layout)
+    assert shuffled.shape == w.shape and shuffled.dtype == dtype and shuffled.is_contiguous()
+    back = preshuffle.unshuffle_weight(shuffled, layout)
+    # Compare bytes: random fp8 bytes include NaN encodings.
+    assert torch.equal(back.view(torch.int8), w.view(torch.int8))
+    if shape != layout:
+        assert not torch.equal(shuffled.view(torch.int8), w.view(torch.int8))
+
+
+def test_a_stack_of_weights_shuffles_each_slab_on_its_own() -> None:
+    """MoE experts: shuffling [E, N, K] equals shuffling each [N, K] slab."""
+    w = _random_bytes((3, 32, 64), FN, seed=7)
+    shuffled = preshuffle.shuffle_weight(w)
+    assert shuffled.shape == w.shape
+    for e in range(3):
+        assert torch.equal(
+            shuffled[e].view(torch.int8), preshuffle.shuffle_weight(w[e]).view(torch.int8)
+        )
+    assert torch.equal(preshuffle.unshuffle_weight(shuffled).view(torch.int8), w.view(torch.int8))
+
+
+def test_shuffle_matches_hand_written_reference() -> None:
+    """Layout (16, 16): 16x16 blocks of W, N-group major then K chunk, each block row-major."""
+    n, k = 32, 48
+    w = torch.arange(n * k, dtype=torch.int32).reshape(n, k)
+    blocks = [
+        w[ng * 16 : (ng + 1) * 16, kc * 16 : (kc + 1) * 16].reshape(-1)
+        for ng in range(n // 16)
+        for kc in range(k // 16)
+    ]
+    expected = torch.cat(blocks)
+    assert torch.equal(preshuffle.shuffle_weight(w).reshape(-1), expected)
+    # First chunk: rows 0..15 of K 0..15; the second chunk continues row 0 at K 16.
+    assert preshuffle.shuffle_weight(w).reshape(-1)[256].item() == w[0, 16].item()
+
+
+def test_shuffled_offset_reads_the_right_element() -> None:
+    n, k = 48, 128
+    w = _random_bytes((n, k), I8, seed=7)
+    flat = preshuffle.shuffle_weight(w, g.BPRESHUFFLE_LAYOUT).reshape(-1)
+    for row in range(n):
+        for kk in range(k):
+            assert flat[ix.shuffled_offset(row, kk, k)] == w[row, kk], (row, kk)
+
+
+@pytest.mark.parametrize("mma", ["mfma", "wmma"])
+def test_kernel_weight_runs_read_w_rows(mma: str) -> None:
+    """Each 16-byte chunk a lane loads from the shuffled weight is its run's slice of W[row]."""
+    n, k = 32, 256
+    wsz = ix.WAVE_SIZE[mma]
+    w = _random_bytes((n, k), I8, seed=11)
+    flat = preshuffle.shuffle_weight(w).reshape(-1)
+    for row in range(n):
+        for kb in range(k // ix.K_BLOCK):
+            for lane in range(wsz):
+                start = kb * ix.K_BLOCK + ix.lane_k_offset(lane, wsz)
+                run = torch.cat(
+                    [
+                        flat[off : off + ix.SHUFFLE_K]
+                        for off in (
+                            ix.b_chunk_offset(row, k, kb, lane, wsz, c)
+                            for c in range(ix.chunks_per_run(wsz))
+                        )
+                    ]
+                )
+                assert torch.equal(run, w[row, start : start + ix.k_run(wsz)]), (row, kb, lane)
+
+
+@pytest.mark.parametrize(
+    ("shape", "layout", "message"),
+    [
+        ((24, 32), (16, 16), r"w: N = w.shape\[-2\] = 24 must be a multiple of layout\[0\] = 16"),
+        ((32, 40), (16, 16), r"w: K = w.shape\[-1\] = 40 must be a multiple of layout\[1\] = 16"),
+        ((16,), (16, 16), r"w: expected a \[\.\.\., N, K\] tensor"),
+        ((16, 16), (16, 0), "layout: expected a pair of positive ints"),
+        ((16, 16), [16, 16], "layout: expected a pair of positive ints"),
+    ],
+)
+def test_shuffle_rejects_bad_shapes(shape, layout, message) -> None:
+    w = torch.zeros(shape, dtype=I8)
+    for fn in (preshuffle.shuffle_weight, preshuffle.unshuffle_weight):
+        with pytest.raises(ValueError, match=message):
+            fn(w, layout)
+
+
+# --- tiles and constants ---------------------------------------------------------------------
+
+
+def test_public_constants() -> None:
+    assert set(g.BPRESHUFFLE_TILES) == {"mfma", "wmma"}
+    assert set(g.BLOCKSCALE_TILES) == {"mfma"}
+    assert g.BPRESHUFFLE_K_MULTIPLE == ix.K_BLOCK == 64
+    assert g.BPRESHUFFLE_N_MULTIPLE == 16
+    assert g.BPRESHUFFLE_LAYOUT == (16, 16)
+    assert g.BLOCKSCALE_BLOCK == 128
+    assert "int64" in g.SEMAPHORE_DTYPE_DOC and "int32" in g.SEMAPHORE_DTYPE_DOC
+    assert g.semaphore_size(100, 200, g.A8W8Tile(32, 64, 64)) == 4 * 4
+    assert g.semaphore_size(1, 64, g.A8W8Tile(16, 64, 64)) == 1
+
+
+@pytest.mark.parametrize(
+    "tiles, mma", [(g.BPRESHUFFLE_TILES, "mfma"), (g.BPRESHUFFLE_TILES, "wmma"), (g.BLOCKSCALE_TILES, "mfma")]  # fmt: skip
+)
+def test_tiles_fit_the_kernel(tiles, mma) -> None:
+    wsz = ix.WAVE_SIZE[mma]
+    for tile in tiles[mma]:
+        waves_m, waves_n = ix.wave_layout(tile.tile_m)
+        assert tile.tile_m % (waves_m * 16) == 0 and tile.tile_n % (waves_n * 16) == 0
+        assert tile.tile_k % ix.K_BLOCK == 0
+        if tiles is g.BLOCKSCALE_TILES:
+            assert tile.tile_k == ix.SCALE_BLOCK and ix.SCALE_BLOCK % tile.tile_n == 0
+        reps_m, reps_n = ix.mma_repeats(tile.tile_m, tile.tile_n)
+        owners = torch.zeros(tile.tile_m, tile.tile_n, dtype=torch.int32)
+        for wave in range(ix.WAVES_PER_BLOCK):
+            wave_m, wave_n = ix.wave_origin(wave, tile.tile_m, tile.tile_n)
+            for i in range(reps_m):
+                for j in range(reps_n):
+                    for lane in range(wsz):
+                        for e in range(ix.acc_rows_per_lane(wsz)):
+                            r, c = ix.c_coord(0, 0, wave_m, wave_n, i, j, lane, e, wsz)
+                            owners[r, c] += 1
+        assert torch.equal(owners, torch.ones_like(owners)), tile
+
+
+# --- the kernels, emulated on CPU ---------------------------------------------------------
+
+
+def _pick(cond: bool, a: int, b: int) -> int:
+    """What the kernel's `cond.select(a, b)` computes."""
+    return a if cond else b
+
+
+def _k_blocks_visited(begin: int, end: int, blocks_per_iter: int) -> list[int]:
+    """The k-blocks the bpreshuffle main loop then tail loop run, in order."""
+    iters, tail_begin = ix.k_loop_counts(begin, end, blocks_per_iter)
+    visited = [begin + it * blocks_per_iter + j for it in range(iters) for j in range(blocks_per_iter)]  # fmt: skip
+    if blocks_per_iter > 1:
+        visited += range(tail_begin, end)
+    return visited
+
+
+class Emulator:
+    """Runs one launch of gemm_a8w8_kernel block by block with torch gathers, in a given
+    block arrival order, following the kernel's index helpers and split-K protocol."""
+
+    def __init__(self, family, mma, xq, wq_stored, x_scale, w_scale, out_dtype, tile, split_k,
+                 sem_dtype):  # fmt: skip
+        self.family, self.mma, self.tile, self.split_k = family, mma, tile, split_k
+        self.m, self.k = xq.shape
+        self.n = wq_stored.shape[0]
+        self.wsz = ix.WAVE_SIZE[mma]
+        self.x = xq.float().reshape(-1)
+        self.w = wq_stored.float().reshape(-1)
+        self.xs = x_scale.reshape(-1)
+        self.ws = w_scale.reshape(-1)
+        self.out_dtype = out_dtype
+        tables = atom_tables(mma, ATOM_DTYPE[xq.dtype])
+        kk = ix.MMA_K[mma]
+        self.a_idx = torch.tensor([[r * kk + c for r, c in lane] for lane in tables["A"]])
+        self.b_idx = torch.tensor([[r * kk + c for r, c in lane] for lane in tables["B"]])
+        self.c_idx = torch.tensor([[r * 16 + c for r, c in lane] for lane in tables["C"]])
+        self.grid = ix.grid_size(self.m, self.n, tile.tile_m, tile.tile_n, split_k)
+        self.out = torch.zeros(self.m * self.n)
+        self.out_writes = torch.zeros(self.m * self.n, dtype=torch.int32)
+        self.workspace = torch.full((split_k * self.m * self.n,), float("nan"))
+        self.semaphore = torch.zeros(ix.num_tiles(self.m, self.n, tile.tile_m, tile.tile_n), dtype=sem_dtype)  # fmt: skip
+        self.reducers: dict[int, int] = {}
+
+    # operand loads --------------------------------------------------------------------
+
+    def _rows(self, origin, wave_off, reps, bound):
+        return [
+            [_pick(r < bound, r, bound - 1) for r in (ix.operand_row(origin, wave_off, i, ln) for ln in range(self.wsz))]  # fmt: skip
+            for i in range(reps)
+        ]
+
+    def _a_runs(self, rows, kb):
+        run = ix.k_run(self.wsz)
+        offs = []
+        for lane, row in enumerate(rows):
+            assert 0 <= row < self.m
+            off = ix.a_offset(row, self.k, kb, lane, self.wsz)
+            assert row * self.k <= off and off + run <= (row + 1) * self.k
+            offs.append(off)
+        return self.x[torch.tensor(offs)[:, None] + torch.arange(run)]
+
+    def _b_runs(self, rows, kb):
+        run = ix.k_run(self.wsz)
+        if self.family == "blockscale":
+            offs = [ix.a_offset(row, self.k, kb, lane, self.wsz) for lane, row in enumerate(rows)]
+            return self.w[torch.tensor(offs)[:, None] + torch.arange(run)]
+        chunks = []
+        for c in range(ix.chunks_per_run(self.wsz)):
+            offs = [ix.b_chunk_offset(row, self.k, kb, lane, self.wsz, c) for lane, row in enumerate(rows)]  # fmt: skip
+            assert all(o >= 0 and o + ix.SHUFFLE_K <= self.n * self.k for o in offs)
+            chunks.append(self.w[torch.tensor(offs)[:, None] + torch.arange(ix.SHUFFLE_K)])
+        return torch.cat(chunks, dim=1)
+
+    def _mma_k_block(self, a_run, b_run):
+        """[wsz, acc rows] of one 16x16 tile over one k-block, through the atom's lane tables."""
+        per_mma = 16 * ix.MMA_K[self.mma] // self.wsz
+        acc = torch.zeros(self.wsz, ix.acc_rows_per_lane(self.wsz))
+        for step in range(ix.mma_steps(self.mma)):
+            part = slice(step * per_mma, (step + 1) * per_mma)
+            a_tile = torch.zeros(16 * ix.MMA_K[self.mma])
+            b_tile = torch.zeros(16 * ix.MMA_K[self.mma])
+            a_tile[self.a_idx] = a_run[:, part]
+            b_tile[self.b_idx] = b_run[:, part]
+            c_tile = a_tile.view(16, -1) @ b_tile.view(16, -1).T
+            acc += c_tile.reshape(-1)[self.c_idx]
+        return acc
+
+    # one block ------------------------------------------------------------------------
+
+    def _coords(self, origin_m, origin_n, wave):
+        wave_m, wave_n = ix.wave_origin(wave, self.tile.tile_m, self.tile.tile_n)
+        reps_m, reps_n = ix.mma_repeats(self.tile.tile_m, self.tile.tile_n)
+        return [
+            (i, j, lane, e, *ix.c_coord(origin_m, origin_n, wave_m, wave_n, i, j, lane, e, self.wsz))  # fmt: skip
+            for i in range(reps_m)
+            for j in range(reps_n)
+            for lane in range(self.wsz)
+            for e in range(ix.acc_rows_per_lane(self.wsz))
+        ]
+
+    def _wave_accs(self, origin_m, origin_n, wave, split):
+        tile, m, n = self.tile, self.m, self.n
+        wave_m, wave_n = ix.wave_origin(wave, tile.tile_m, tile.tile_n)
+        reps_m, reps_n = ix.mma_repeats(tile.tile_m, tile.tile_n)
+        a_rows = self._rows(origin_m, wave_m, reps_m, m)
+        b_rows = self._rows(origin_n, wave_n, reps_n, n)
+        accs = torch.zeros(reps_m, reps_n, self.wsz, ix.acc_rows_per_lane(self.wsz))
+        coords = {(i, j, lane, e): (r, c) for i, j, lane, e, r, c in self._coords(origin_m, origin_n, wave)}  # fmt: skip
+
+        def block_product(k_blocks):
+            part = torch.zeros_like(accs)
+            for kb in k_blocks:
+                a_runs = [self._a_runs(a_rows[i], kb) for i in range(reps_m)]
+                b_runs = [self._b_runs(b_rows[j], kb) for j in range(reps_n)]
+                for i in range(reps_m):
+                    for j in range(reps_n):
+                        part[i, j] += self._mma_k_block(a_runs[i], b_runs[j])
+            return part
+
+        if self.family == "bpreshuffle":
+            begin, end = ix.split_k_range(split, self.k // ix.K_BLOCK, self.split_k)
+            return block_product(_k_blocks_visited(begin, end, tile.tile_k // ix.K_BLOCK))
+        num_sb = self.k // ix.SCALE_BLOCK
+        begin, end = ix.split_k_range(split, num_sb, self.split_k)
+        for sb in range(begin, end):
+            per = ix.K_BLOCKS_PER_SCALE_BLOCK
+            part = block_product(range(sb * per, (sb + 1) * per))
+            for (i, j, lane, e), (row, col) in coords.items():
+                xs = self.xs[ix.x_scale_offset(_pick(row < m, row, m - 1), sb, num_sb)]
+                ws = self.ws[ix.w_scale_offset(_pick(col < n, col, n - 1), sb, num_sb)]
+                accs[i, j, lane, e] += part[i, j, lane, e] * xs * ws
+        return accs
+
+    def _epilogue(self, value, row, col):
+        """Scale (bpreshuffle only) and cast one fp32 value, as the kernel's epilogue."""
+        if self.family == "bpreshuffle":
+            value = value * self.xs[_pick(row < self.m, row, self.m - 1)]
+            value = value * self.ws[_pick(col < self.n, col, self.n - 1)]
+        return value.to(self.out_dtype).float()
+
+    def _store_out(self, row, col, value):
+        if ix.in_bounds(row, col, self.m, self.n):
+            off = ix.c_offset(row, col, self.n)
+            self.out[off] = value
+            self.out_writes[off] += 1
+
+    def run_block(self, split, bid_m, bid_n):
+        tile, m, n = self.tile, self.m, self.n
+        origin_m, origin_n = ix.block_origin(bid_m, bid_n, tile.tile_m, tile.tile_n)
+        waves = range(ix.WAVES_PER_BLOCK)
+        accs = {w: self._wave_accs(origin_m, origin_n, w, split) for w in waves}
+        coords = {w: self._coords(origin_m, origin_n, w) for w in waves}
+        if self.split_k == 1:
+            for w in waves:
+                for i, j, lane, e, row, col in coords[w]:
+                    self._store_out(row, col, self._epilogue(accs[w][i, j, lane, e], row, col))
+            return
+        for w in waves:
+            for i, j, lane, e, row, col in coords[w]:
+                if ix.in_bounds(row, col, m, n):
+                    self.workspace[ix.workspace_offset(split, row, col, m, n)] = accs[w][i, j, lane, e]  # fmt: skip
+        slot = ix.semaphore_slot(bid_m, bid_n, self.grid[0])
+        previous = int(self.semaphore[slot])
+        self.semaphore[slot] += 1
+        if not ix.is_last_arrival(previous, self.split_k):
+            return
+        assert slot not in self.reducers
+        self.reducers[slot] = split
+        for w in waves:
+            for _, _, _, _, row, col in coords[w]:
+                r, c = _pick(row < m, row, m - 1), _pick(col < n, col, n - 1)
+                total = torch.tensor(0.0)
+                for s in range(self.split_k):
+                    part = self.workspace[ix.workspace_offset(s, r, c, m, n)]
+                    assert not torch.isnan(part), "read a partial before it was written"
+                    total = total + part
+                self._store_out(row, col, self._epilogue(total, row, col))
+        self.semaphore[slot] = 0
+
+
+def _inputs(family, dtype, m, n, k, seed):
+    """Small-integer operands (exact in fp8 e4m3 and int8) and power-of-two scales, so every
+    fp32 product and sum is exact and the emulation must match torch bit for bit."""
+    gen = torch.Generator().manual_seed(seed)
+    xq = torch.randint(-3, 4, (m, k), generator=gen).to(dtype)
+    wq = torch.randint(-3, 4, (n, k), generator=gen).to(dtype)
+    if family == "bpreshuffle":
+        xs_shape, ws_shape = (m, 1), (1, n)
+    else:
+        xs_shape, ws_shape = (m, k // 128), (n // 128, k // 128)
+    x_scale = torch.exp2(torch.randint(-3, 3, xs_shape, generator=gen).float())
+    w_scale = torch.exp2(torch.randint(-3, 3, ws_shape, generator=gen).float())
+    return xq, wq, x_scale, w_scale
+
+
+def _reference(family, xq, wq, x_scale, w_scale, out_dtype):
+    x, w = xq.float(), wq.float()
+    if family == "bpreshuffle":
+        return ((x @ w.T) * x_scale * w_scale).to(out_dtype)
+    out = torch.zeros(x.shape[0], w.shape[0])
+    w_block = w_scale.repeat_interleave(128, dim=0)  # [N, K / 128]
+    for kb in range(x.shape[1] // 128):
+        part = x[:, kb * 128 : (kb + 1) * 128] @ w[:, kb * 128 : (kb + 1) * 128].T
+        out += part * x_scale[:, kb : kb + 1] * w_block[:, kb][None, :]
+    return out.to(out_dtype)
+
+
+EMULATED = [
+    # family, mma, in dtype, tile, split_k, M, N, K, out dtype, semaphore dtype
+    ("bpreshuffle", "mfma", FNUZ, (32, 64, 128), 1, 45, 80, 320, torch.bfloat16, None),
+    ("bpreshuffle", "mfma", I8, (16, 128, 64), 3, 7, 128, 192, torch.float16, torch.int64),
+    ("bpreshuffle", "mfma", FN, (64, 64, 64), 4, 70, 64, 128, torch.bfloat16, torch.int32),
+    ("bpreshuffle", "wmma", FN, (32, 64, 128), 2, 33, 96, 320, torch.bfloat16, torch.int64),
+    ("bpreshuffle", "wmma", I8, (128, 64, 64), 1, 20, 48, 128, torch.float16, None),
+    ("blockscale", "mfma", FNUZ, (32, 64, 128), 1, 40, 128, 256, torch.bfloat16, None),
+    ("blockscale", "mfma", FN, (16, 128, 128), 3, 9, 256, 384, torch.float16, torch.int32),
+    ("blockscale", "mfma", FNUZ, (64, 64, 128), 3, 65, 128, 256, torch.bfloat16, torch.int64),
+]
+
+
+@pytest.mark.parametrize(
+    ("family", "mma", "dtype", "tile", "split_k", "m", "n", "k", "out_dtype", "sem_dtype"), EMULATED
+)
+def test_emulated_kernel_matches_torch(family, mma, dtype, tile, split_k, m, n, k, out_dtype, sem_dtype) -> None:  # fmt: skip
+    seed = m * 1000 + n + k + split_k
+    xq, wq, x_scale, w_scale = _inputs(family, dtype, m, n, k, seed)
+    stored = preshuffle.shuffle_weight(wq, g.BPRESHUFFLE_LAYOUT) if family == "bpreshuffle" else wq
+    tile = g.A8W8Tile(*tile)
+    emu = Emulator(family, mma, xq, stored, x_scale, w_scale, out_dtype, tile, split_k,
+                   sem_dtype or torch.int64)  # fmt: skip
+    grid_x, grid_y, grid_z = emu.grid
+    blocks = [(s, by, bx) for s in range(grid_z) for by in range(grid_y) for bx in range(grid_x)]
+    # Blocks of one launch arrive in any order: a seeded shuffle of the whole grid.
+    order = torch.randperm(len(blocks), generator=torch.Generator().manual_seed(seed)).tolist()
+    last_split = {}
+    for idx in order:
+        split, bid_m, bid_n = blocks[idx]
+        emu.run_block(split, bid_m, bid_n)
+        last_split[ix.semaphore_slot(bid_m, bid_n, grid_x)] = split
+
+    expected = _reference(family, xq, wq, x_scale, w_scale, out_dtype)
+    assert torch.equal(emu.out.view(m, n).to(out_dtype), expected)
+    assert torch.equal(emu.out_writes.view(m, n), torch.ones(m, n, dtype=torch.int32))
+    if split_k > 1:
+        # The block that arrived last reduced its tile, every tile once, semaphores back to 0.
+        assert emu.reducers == last_split
+        assert len(emu.reducers) == g.semaphore_size(m, n, tile)
+        assert torch.equal(emu.semaphore, torch.zeros_like(emu.semaphore))
+        assert not torch.isnan(emu.workspace).any()  # every split wrote its whole partial
+
+
+@pytest.mark.parametrize("num_sb, split_k", [(1, 3), (2, 4), (3, 3), (5, 2)])
+def test_splits_cover_every_scale_block_once(num_sb: int, split_k: int) -> None:
+    owned = [b for s in range(split_k) for b in range(*ix.split_k_range(s, num_sb, split_k))]
+    assert owned == list(range(num_sb))
+
+
+# --- host entries ----------------------------------------------------------------------------
+
+
+def _args(family="bpreshuffle", m=4, n=128, k=256, dtype=FNUZ, out_dtype=torch.bfloat16):
+    xq, wq = torch.empty(m, k, dtype=dtype), torch.empty(n, k, dtype=dtype)
+    if family == "bpreshuffle":
+        xs, ws = torch.empty(m, 1), torch.empty(1, n)
+    else:
+        xs, ws = torch.empty(m, k // 128), torch.empty(n // 128, k // 128)
+    return xq, wq, xs, ws, torch.empty(m, n, dtype=out_dtype)
+
+
+T_BP = g.A8W8Tile(32, 64, 64)
+T_BS = g.A8W8Tile(32, 64, 128)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        (dict(tile=T_BP, split_k=1, mma="xdl"), ValueError, "mma: expected one of"),
+        (dict(tile=g.A8W8Tile(32, 96, 64), split_k=1, mma="mfma"), ValueError, "tile: .* not supported"),  # fmt: skip
+        (dict(tile=T_BP, split_k=0, mma="mfma"), ValueError, "split_k: expected an int >= 1"),
+        (dict(tile=T_BP, split_k=2, mma="mfma"), ValueError, "workspace: expected a float32"),
+    ],
+)
+def test_bpreshuffle_rejects_bad_arguments(kwargs, error, message) -> None:
+    with pytest.raises(error, match=message):
+        g.launch_gemm_a8w8_bpreshuffle(*_args(), None, None, **kwargs)
+
+
+def test_split_k_needs_a_semaphore_of_the_right_size() -> None:
+    xq, wq, xs, ws, out = _args()
+    workspace = torch.empty(2, 4, 128)
+    with pytest.raises(ValueError, match="semaphore: expected an int64 or int32"):
+        g.launch_gemm_a8w8_bpreshuffle(xq, wq, xs, ws, out, workspace, None, tile=T_BP, split_k=2, mma="mfma")  # fmt: skip
+    with pytest.raises(ValueError, match="semaphore: expected an int64 or int32"):
+        g.launch_gemm_a8w8_bpreshuffle(xq, wq, xs, ws, out, workspace, torch.zeros(2), tile=T_BP, split_k=2, mma="mfma")  # fmt: skip
+    with pytest.raises(ValueError, match="semaphore: expected a 1-D tensor of at least 2"):
+        g.launch_gemm_a8w8_bpreshuffle(xq, wq, xs, ws, out, workspace, torch.zeros(1, dtype=torch.int64), tile=T_BP, split_k=2, mma="mfma")  # fmt: skip
+    with pytest.raises(ValueError, match=r"workspace: expected shape \[2, 4, 128\]"):
+        g.launch_gemm_a8w8_bpreshuffle(xq, wq, xs, ws, out, torch.empty(3, 4, 128), torch.zeros(2, dtype=torch.int64), tile=T_BP, split_k=2, mma="mfma")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("family", "change", "message"),
+    [
+        ("bpreshuffle", dict(k=96), "xq: K = xq.shape.1. must be a positive multiple of 64"),
+        ("bpreshuffle", dict(n=120), "wq: N = wq.shape.0. must be a multiple of 16"),
+        ("bpreshuffle", dict(dtype=torch.bfloat16), "xq: expected dtype in"),
+        ("bpreshuffle", dict(out_dtype=torch.float32), "out: expected dtype in"),
+        ("blockscale", dict(k=192), "xq: K = xq.shape.1. must be a positive multiple of 128"),
+        ("blockscale", dict(n=192), "wq: N = wq.shape.0. must be a multiple of 128"),
+        ("blockscale", dict(dtype=I8), "xq: expected dtype in"),
+    ],
+)
+def test_launch_rejects_bad_shapes(family, change, message) -> None:
+    launch = getattr(g, f"launch_gemm_a8w8_{family}")
+    tile = T_BP if family == "bpreshuffle" else T_BS
+    with pytest.raises(ValueError, match=message):
+        launch(*_args(family, **change), None, None, tile=tile, split_k=1, mma="mfma")
+
+
+def test_launch_rejects_mismatched_tensors() -> None:
+    xq, wq, xs, ws, out = _args()
+    cases = [
+        ((xq, wq.view(FN), xs, ws, out), "wq: expected dtype torch.float8_e4m3fnuz"),
+        ((xq, wq, xs[:2], ws, out), r"x_scale: expected shape \[4, 1\]"),
+        ((xq, wq, xs, ws.double(), out), "w_scale: expected dtype torch.float32"),
+        ((xq, wq, xs, ws, out[:, :64]), "out: expected a contiguous tensor"),
+    ]
+    for args, message in cases:
+        with pytest.raises(ValueError, match=message):
+            g.launch_gemm_a8w8_bpreshuffle(*args, None, None, tile=T_BP, split_k=1, mma="mfma")
+
+
+def test_blockscale_has_no_wmma_kernel() -> None:
+    with pytest.raises(NotImplementedError, match="no gfx1250 WMMA blockscale kernel"):
+        g.launch_gemm_a8w8_blockscale(
+            *_args("blockscale", dtype=FN), None, None, tile=T_BS, split_k=1, mma="wmma"
+        )
+
+
+@pytest.mark.gpu
+def test_kernel_numerics_on_gpu() -> None:
+    fp8 = FNUZ  # gfx942; FN on gfx950/gfx1250
+    m, n, k, split_k = 100, 256, 512, 3
+    x = torch.randn(m, k, device="cuda").to(fp8)
+    w = torch.randn(n, k, device="cuda").to(fp8)
+    xs, ws = torch.rand(m, 1, device="cuda"), torch.rand(1, n, device="cuda")
+    out = torch.empty(m, n, dtype=torch.bfloat16, device="cuda")
+    tile = g.A8W8Tile(32, 64, 128)
+    workspace = torch.empty(split_k, m, n, device="cuda")
+    sem = torch.zeros(g.semaphore_size(m, n, tile), dtype=torch.int64, device="cuda")
+    ref = (x.float() @ w.float().T) * xs * ws
+    for sk, wsp, sp in ((1, None, None), (split_k, workspace, sem)):
+        g.launch_gemm_a8w8_bpreshuffle(
+            x, preshuffle.shuffle_weight(w), xs, ws, out, wsp, sp, tile=tile, split_k=sk, mma="mfma"
+        )
+        torch.testing.assert_close(out.float(), ref, rtol=2e-2, atol=2e-2)
+    assert int(sem.abs().sum()) == 0
+
+
+# --- compilation per arch ----------------------------------------------------------------
+
+# family, mma, input dtype, tile, split_k, out dtype, semaphore dtype (None: split_k == 1)
+COMPILED = {
+    "gfx942": [
+        ("bpreshuffle", "mfma", "float8_e4m3fnuz", (32, 64, 128), 1, "bfloat16", None),
+        ("bpreshuffle", "mfma", "float8_e4m3fnuz", (64, 128, 64), 3, "float16", "int64"),
+        ("bpreshuffle", "mfma", "float8_e4m3fnuz", (64, 128, 64), 3, "float16", "int32"),
+        ("bpreshuffle", "mfma", "int8", (16, 64, 64), 1, "float16", None),
+        ("bpreshuffle", "mfma", "int8", (32, 128, 128), 2, "bfloat16", "int64"),
+        ("blockscale", "mfma", "float8_e4m3fnuz", (128, 128, 128), 1, "bfloat16", None),
+        ("blockscale", "mfma", "float8_e4m3fnuz", (16, 64, 128), 2, "float16", "int32"),
+    ],
+    "gfx950": [
+        ("bpreshuffle", "mfma", "float8_e4m3fn", (32, 64, 128), 1, "bfloat16", None),
+        ("bpreshuffle", "mfma", "float8_e4m3fn", (64, 64, 64), 2, "float16", "int64"),
+        ("bpreshuffle", "mfma", "int8", (16, 128, 64), 1, "bfloat16", None),
+        ("blockscale", "mfma", "float8_e4m3fn", (32, 128, 128), 1, "bfloat16", None),
+        ("blockscale", "mfma", "float8_e4m3fn", (64, 64, 128), 3, "float16", "int64"),
+    ],
+    "gfx1250": [
+        ("bpreshuffle", "wmma", "float8_e4m3fn", (32, 64, 128), 1, "bfloat16", None),
+        ("bpreshuffle", "wmma", "float8_e4m3fn", (64, 128, 64), 2, "float16", "int32"),
+        ("bpreshuffle", "wmma", "float8_e4m3fn", (64, 128, 64), 2, "float16", "int64"),
+        ("bpreshuffle", "wmma", "int8", (16, 64, 64), 1, "bfloat16", None),
+    ],
+}
+# (flavour, input dtype) -> the instruction LLVM must select (gfx950 reads the fp8 bytes as
+# OCP e4m3fn in the same mnemonic that gfx942 reads as e4m3fnuz).
+MNEMONIC = {
+    ("mfma", "float8_e4m3fnuz"): "v_mfma_f32_16x16x32_fp8_fp8",
+    ("mfma", "float8_e4m3fn"): "v_mfma_f32_16x16x32_fp8_fp8",
+    ("mfma", "int8"): "v_mfma_i32_16x16x32_i8",
+    ("wmma", "float8_e4m3fn"): "v_wmma_f32_16x16x64_fp8_fp8",
+    ("wmma", "int8"): "v_wmma_i32_16x16x64_iu8",
+}
+
+_CHILD = """
+import json, shutil, sys, time
+from pathlib import Path
+import torch
+from aiter.ops.gemm.kernels import a8w8 as g
+from op_tests.compile_child import compile_env, linker_rocm_path, run_child
+
+configs, cache = json.loads(sys.argv[1]), Path(sys.argv[2])
+dump = Path(sys.argv[3]) if sys.argv[3] else None
+keep = Path(sys.argv[4])
+m, n, k = 37, 256, 512
+results = []
+for idx, (family, mma, dtype, tile, split_k, out_dtype, sem_dtype) in enumerate(configs):
+    dtype, out_dtype = getattr(torch, dtype), getattr(torch, out_dtype)
+    tile = g.A8W8Tile(*tile)
+    xq, wq = torch.empty(m, k, dtype=dtype), torch.empty(n, k, dtype=dtype)
+    if family == "bpreshuffle":
+        xs, ws = torch.empty(m, 1), torch.empty(1, n)
+    else:
+        xs, ws = torch.empty(m, k // 128), torch.empty(n // 128, k // 128)
+    out = torch.empty(m, n, dtype=out_dtype)
+    workspace = semaphore = None
+    if split_k > 1:
+        workspace = torch.empty(split_k, m, n)
+        semaphore = torch.zeros(g.semaphore_size(m, n, tile), dtype=getattr(torch, sem_dtype))
+    before = set(cache.glob("*/*.pkl"))
+    start = time.perf_counter()
+    launch = getattr(g, f"launch_gemm_a8w8_{family}")
+    launch(xq, wq, xs, ws, out, workspace, semaphore, tile=tile, split_k=split_k, mma=mma)
+    result = {"seconds": time.perf_counter() - start}
+    result["entries"] = sorted(str(p) for p in set(cache.glob("*/*.pkl")) - before)
+    if dump is not None:
+        # Each compile rewrites the kernel's listing in place: keep a copy per config.
+        listings = sorted(dump.glob("*/*final_isa.s"))
+        result["listings"] = len(listings)
+        target = keep / f"{idx}.s"
+        target.write_text(listings[-1].read_text())
+        result["isa"] = str(target)
+    results.append(result)
+print(json.dumps(results))
+"""
+
+
+def _compile_child(arch: str, rocm_path: str, root: Path, dump: bool) -> list[dict]:
+    """Compile COMPILED[arch] in a child process (one arch per process; an LLVM abort kills
+    the child, not pytest). FlyDSL skips its disk cache while it dumps ISA, hence `dump`."""
+    cache, keep = root / "cache", root / "isa"
+    keep.mkdir(parents=True)
+    env = compile_env(arch, rocm_path, cache, dump=root / "dump" if dump else None)
+    args = [json.dumps(COMPILED[arch]), str(cache), str(root / "dump") if dump else "", str(keep)]
+    child = run_child(_CHILD, args, env, cwd=root)
+    assert child.returncode == 0, (
+        f"{arch}: compile process exited with {child.returncode}"
+        f" (negative: killed by signal)\n{child.stderr[-4000:]}"
+    )
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module", params=list(COMPILED))
+def compiled(request, rocm_path: str, tmp_path_factory) -> dict:
+    """The cache entries COMPILED[arch] wrote, one compile per config."""
+    arch = request.param
+    root = tmp_path_factory.mktemp(f"a8w8_{arch}")
+    results = _compile_child(arch, rocm_path, root, dump=False)
+    return {"arch": arch, "configs": COMPILED[arch], "results": results}
+
+
+@pytest.fixture(scope="module", params=list(COMPILED))
+def listed(request, rocm_path: str, tmp_path_factory) -> dict:
+    """FlyDSL's ISA listing of every config of COMPILED[arch]."""
+    arch = request.param
+    root = tmp_path_factory.mktemp(f"a8w8_isa_{arch}")
+    results = _compile_child(arch, rocm_path, root, dump=True)
+    return {"arch": arch, "configs": COMPILED[arch], "results": results}
+
+
+@pytest.mark.slow
+def test_one_cache_entry_per_specialization(compiled: dict) -> None:
+    arch, configs, results = compiled["arch"], compiled["configs"], compiled["results"]
+    print(f"{arch} compile seconds: {[round(r['seconds'], 2) for r in results]}")
+    for config, result in zip(configs, results, strict=True):
+        assert len(result["entries"]) == 1, (config, result["entries"])
+        family = config[0]
+        assert Path(result["entries"][0]).parent.name.startswith(f"gemm_a8w8_{family}_"), config
+    all_entries = [r["entries"][0] for r in results]
+    assert len(set(all_entries)) == len(configs)
+
+
+@pytest.mark.slow
+def test_semaphore_dtype_changes_the_kernel_key(compiled: dict) -> None:
+    """Configs that differ only in the semaphore dtype (int32 vs int64) have their own entries."""
+    configs, results = compiled["configs"], compiled["results"]
+    by_rest: dict[tuple, dict[str, str]] = {}
+    for config, result in zip(configs, results, strict=True):
+        if config[-1] is not None:
+            by_rest.setdefault(tuple(map(str, config[:-1])), {})[config[-1]] = result["entries"][0]
+    pairs = [entries for entries in by_rest.values() if len(entries) == 2]
+    if compiled["arch"] in ("gfx942", "gfx1250"):
+        assert pairs, "COMPILED must hold an int32/int64 semaphore pair for this arch"
+    for entries in pairs:
+        assert entries["int32"] != entries["int64"]
+
+
+@pytest.mark.slow
+def test_code_objects_target_the_arch(compiled: dict) -> None:
+    from aiter.aot.flydsl import elf
+    from aiter.aot.flydsl.hooks import extract_code_objects
+
+    for result in compiled["results"]:
+        codes = extract_code_objects(result["entries"][0])
+        assert len(codes) == 1, result
+        header = elf.parse_header(codes[0])
+        assert header.e_machine == 224
+        assert header.e_flags & 0xFF == elf.ARCH_TO_MACH[compiled["arch"]]
+
+
+@pytest.mark.slow
+def test_isa_listing_uses_the_expected_mma(listed: dict) -> None:
+    """FlyDSL's ISA listing (LLVM's AMDGPU output) of every compile: the arch, the fp8/int8
+    MMA or WMMA instruction, and for split-K the agent-scope atomics of the semaphore."""
+    arch = listed["arch"]
+    for config, result in zip(listed["configs"], listed["results"], strict=True):
+        _, mma, dtype, _, split_k, _, sem_dtype = config
+        text = Path(result["isa"]).read_text()
+        assert result["listings"] == 1, config
+        assert f'.amdgcn_target "amdgcn-amd-amdhsa-unknown-{arch}"' in text
+        assert MNEMONIC[(mma, dtype)] in text, config
+        assert ("v_wmma" if mma == "mfma" else "v_mfma") not in text, config
+        assert f".wavefront_size: {ix.WAVE_SIZE[mma]}" in text
+        atomics = re.findall(r"global_atomic_(add|swap)\w*", text)
+        if split_k == 1:
+            assert not atomics, config
+        else:
+            assert sorted(set(atomics)) == ["add", "swap"], config
+            wide = re.search(r"global_atomic_(add|swap)(_u64|_b64|_x2)", text) is not None
+            assert wide == (sem_dtype == "int64"), config
+
+
+@pytest.mark.slow
+def test_gfx942_disassembly(compiled: dict) -> None:
+    """llvm-objdump (LLVM 19 knows gfx942) agrees with the listing on the MMA instruction."""
+    from aiter.aot.flydsl import elf
+    from aiter.aot.flydsl.hooks import extract_code_objects
+
+    if compiled["arch"] != "gfx942":
+        pytest.skip("the installed llvm-objdump disassembles gfx942 only")
+    for config, result in zip(compiled["configs"], compiled["results"], strict=True):
+        text = elf.disassemble(extract_code_objects(result["entries"][0])[0], "gfx942")
+        if text is None:
+            pytest.skip("no llvm-objdump that knows gfx942")
+        assert MNEMONIC[(config[1], config[2])] in text, config

@@ -1,0 +1,943 @@
+"""Tests of the MoE stage FlyDSL kernels without a GPU: their index math, the whole layer
+emulated block by block on CPU (with moe_sorting's CPU reference) against a dense torch
+reference, the launchers' argument checks, and compilation per arch."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiter.ops.moe.kernels import stages as mg
+from aiter.ops.moe.kernels import stages_index as ix
+from aiter.ops.moe.kernels.sorting_index import (
+    moe_sorting_reference,
+    pack_sorted_id,
+    sentinel_id,
+    sorting_sizes,
+)
+from aiter.ops.shared import gemm_index as a16ix
+from aiter.ops.shared import gemm_index_8bit as a8ix
+from aiter.ops.shared.preshuffle import shuffle_weight
+from aiter.ops.shared.tiles import GemmTile
+from op_tests.compile_child import compile_env, run_child
+from op_tests.moe.reference import (
+    act_reference,
+    fused_moe_reference,
+    local_experts,
+    per_token_quant,
+    split_gate_up,
+)
+
+FNUZ, FN = torch.float8_e4m3fnuz, torch.float8_e4m3fn
+
+
+def _where(cond, a, b):
+    """What the kernels' `cond.select(a, b)` computes, on torch tensors."""
+    return torch.where(cond, torch.as_tensor(a), torch.as_tensor(b))
+
+
+def _tmin(x, bound):
+    return x.clamp(max=bound)
+
+
+def _tmax(x, bound):
+    return x.clamp(min=bound)
+
+
+# --- pure index math ---------------------------------------------------------------------
+
+
+def test_entry_fields_round_trip() -> None:
+    m, topk = 50, 4
+    for token in (0, 1, 17, m - 1):
+        for slot in range(topk):
+            entry = pack_sorted_id(token, slot)
+            assert (ix.entry_token(entry), ix.entry_slot(entry)) == (token, slot)
+            assert ix.entry_valid(token, slot, m, topk)
+            assert ix.routed_row(token, slot, topk) == token * topk + slot
+            assert ix.a1_row(token, m, lambda c, a, b: a if c else b) == token
+    pad = sentinel_id(m, topk)
+    token, slot = ix.entry_token(pad), ix.entry_slot(pad)
+    assert (token, slot) == (m, topk)
+    assert not ix.entry_valid(token, slot, m, topk)
+    # Padding loads stay in bounds: the last token for stage 1, row 0 of a2 for stage 2.
+    assert ix.a1_row(token, m, lambda c, a, b: a if c else b) == m - 1
+    assert ix.a2_row(token, slot, m, topk, lambda c, a, b: a if c else b) == 0
+    # A padding id of a smaller token count is still recognised by its slot.
+    assert not ix.entry_valid(3, topk, m, topk)
+
+
+@pytest.mark.parametrize("gate_mode", ix.GATE_MODES)
+@pytest.mark.parametrize("inter", [64, 128])
+def test_gate_and_up_rows_cover_w1_once(gate_mode: str, inter: int) -> None:
+    gates = [ix.gate_row(n, inter, gate_mode) for n in range(inter)]
+    ups = [ix.up_row(n, inter, gate_mode) for n in range(inter)]
+    assert sorted(gates + ups) == list(range(2 * inter))
+    # The reference's reading of the w1 rows agrees.
+    ref_gate, ref_up = split_gate_up(torch.arange(2 * inter), gate_mode)
+    assert ref_gate.tolist() == gates and ref_up.tolist() == ups
+
+
+def test_per_expert_preshuffle_is_the_preshuffle_of_the_stacked_rows() -> None:
+    """The kernels read preshuffled w1/w2 through global rows e * rows + r: shuffling each
+    expert's slab must equal shuffling the [E * rows, K] view."""
+    gen = torch.Generator().manual_seed(0)
+    experts, rows, k = 3, 96, 128
+    w = torch.randint(-100, 100, (experts, rows, k), generator=gen, dtype=torch.int8)
+    per_expert = torch.stack([shuffle_weight(w[e], (16, 16)) for e in range(experts)])
+    assert torch.equal(per_expert.reshape(-1, k), shuffle_weight(w.reshape(-1, k), (16, 16)))
+    flat = per_expert.reshape(-1)
+    for e, r, kk in ((0, 0, 0), (1, 17, 63), (2, 95, 127), (1, 48, 16)):
+        off = a8ix.shuffled_offset(ix.expert_row(e, r, rows), kk, k)
+        assert flat[off] == w[e, r, kk]
+
+
+@pytest.mark.parametrize("mma", mg.MMA_FLAVOURS)
+def test_stage_tiles_fit_the_kernels(mma: str) -> None:
+    for tile in mg.STAGE_TILES[mma]:
+        waves_m, waves_n = a16ix.wave_layout(tile.tile_m)
+        assert waves_m * waves_n == a16ix.WAVES_PER_BLOCK
+        assert tile.tile_m % (waves_m * a16ix.MMA_MN) == 0
+        assert tile.tile_n % (waves_n * a16ix.MMA_MN) == 0
+        assert tile.tile_k % a16ix.K_BLOCK == 0 and tile.tile_k % a8ix.K_BLOCK == 0
+        assert tile.tile_m % 16 == 0  # a sorting block size
+    assert mg.DIM_MULTIPLE % a8ix.K_BLOCK == 0 and mg.DIM_MULTIPLE % a8ix.SHUFFLE_N == 0
+
+
+@pytest.mark.parametrize("mma", mg.MMA_FLAVOURS)
+def test_lane_mapping_of_the_stage_tiles(mma: str) -> None:
+    """Per tile: every sorted row of the block is loaded by some lane, each lane's weight row
+    is the column its accumulator holds, the epilogue covers the tile once, and the gate and
+    up accumulators of stage 1 are distinct and are the ones the k-block loop fills."""
+    wsz = a16ix.WAVE_SIZE[mma]
+    rpl = a16ix.acc_rows_per_lane(wsz)
+    for tile in mg.STAGE_TILES[mma]:
+        reps_m, reps_n = a16ix.mma_repeats(tile.tile_m, tile.tile_n)
+        owners = torch.zeros(tile.tile_m, tile.tile_n, dtype=torch.int32)
+        loaded_rows = set()
+        for wave in range(a16ix.WAVES_PER_BLOCK):
+            wave_m, wave_n = a16ix.wave_origin(wave, tile.tile_m, tile.tile_n)
+            for lane in range(wsz):
+                for i in range(reps_m):
+                    loaded_rows.add(a16ix.operand_row(0, wave_m, i, lane))
+                for j in range(reps_n):
+                    b_row = a16ix.operand_row(0, wave_n, j, lane)
+                    for i in range(reps_m):
+                        for e in range(rpl):
+                            r, c = a16ix.c_coord(0, 0, wave_m, wave_n, i, j, lane, e, wsz)
+                            assert c == b_row
+                            owners[r, c] += 1
+        assert loaded_rows == set(range(tile.tile_m)), tile
+        assert torch.equal(owners, torch.ones_like(owners)), tile
+        # k_blocks keeps A repeat i x weight row jj at i * len(b_rows) + jj; the lane's weight
+        # rows are its reps_n gate rows, then its reps_n up rows.
+        gate = [ix.stage1_acc_index(i, j, reps_n, 0) for i in range(reps_m) for j in range(reps_n)]
+        up = [ix.stage1_acc_index(i, j, reps_n, 1) for i in range(reps_m) for j in range(reps_n)]
+        assert sorted(gate + up) == list(range(2 * reps_m * reps_n))
+        for i in range(reps_m):
+            for j in range(reps_n):
+                assert ix.stage1_acc_index(i, j, reps_n, 0) == i * 2 * reps_n + j
+                assert ix.stage1_acc_index(i, j, reps_n, 1) == i * 2 * reps_n + reps_n + j
+
+
+def test_tile_origin_is_the_gemm_block_origin() -> None:
+    """The kernels take their tile origin from gemm_common.Tile (block_origin with the sorted
+    block as the M block); the emulation uses tile_origin."""
+    for bid_block, bid_n, tile_m, tile_n in ((0, 0, 16, 64), (3, 1, 32, 128), (7, 2, 64, 64)):
+        assert ix.tile_origin(bid_block, bid_n, tile_m, tile_n) == a16ix.block_origin(
+            bid_block, bid_n, tile_m, tile_n
+        )
+        assert ix.tile_origin(bid_block, bid_n, tile_m, tile_n)[0] == ix.sorted_row(
+            bid_block, tile_m, 0
+        )
+
+
+@pytest.mark.parametrize("num_kb", [1, 2, 3, 4, 7])
+@pytest.mark.parametrize("ksplit", [1, 2, 3, 4])
+def test_k_splits_cover_the_k_blocks_once(num_kb: int, ksplit: int) -> None:
+    seen = []
+    for split in range(ksplit):
+        begin, end = ix.k_split_range(split, num_kb, ksplit)
+        seen.extend(range(begin, end))
+    assert seen == list(range(num_kb))
+
+
+@pytest.mark.parametrize("activation", ix.ACTIVATIONS)
+def test_activation_formulas_match_the_reference(activation: str) -> None:
+    gen = torch.Generator().manual_seed(1)
+    g = torch.randn(4096, generator=gen, dtype=torch.float64) * 6
+    u = torch.randn(4096, generator=gen, dtype=torch.float64) * 6
+    got = ix.activate(activation, g, u, torch.exp, _tmin, _tmax)
+    torch.testing.assert_close(got, act_reference(activation, g, u), rtol=1e-12, atol=1e-12)
+    # Plain Python floats through math.exp, min and max give the same numbers.
+    for gv, uv in ((-9.0, 3.0), (0.5, -8.0), (8.5, 7.5), (2.0, 0.25)):
+        want = float(act_reference(activation, torch.tensor(gv), torch.tensor(uv)))
+        assert math.isclose(ix.activate(activation, gv, uv), want, rel_tol=1e-6, abs_tol=1e-9)
+
+
+def test_constants_and_workspace_shapes() -> None:
+    assert mg.STAGE_MODES == ("atomic", "reduce")
+    assert mg.ACTIVATIONS == ("silu", "swiglu")
+    assert mg.GATE_MODES == ("separated", "interleave")
+    assert (mg.SWIGLU_ALPHA, mg.SWIGLU_LIMIT) == (1.702, 7.0)
+    assert mg.WORKSPACE_DTYPE is torch.float32
+    assert mg.MMA_FLAVOURS == ("mfma", "wmma")
+    assert mg.stage1_workspace_shape(5, 3, 64) == (15, 128)
+    assert mg.stage2_workspace_shape(5, 3, 256) == (15, 256)
+    for mma in mg.MMA_FLAVOURS:
+        assert len(mg.STAGE_TILES[mma]) == 12
+    # The stage-1 workspace keeps gate at column n and up at inter + n whatever the gate mode.
+    assert [ix.stage1_ws_gate_col(n) for n in range(3)] == [0, 1, 2]
+    assert [ix.stage1_ws_up_col(n, 64) for n in range(3)] == [64, 65, 66]
+
+
+# --- the kernels' arithmetic, emulated on CPU --------------------------------------------
+
+
+def _gather_weights(w_flat, rows, kk, k: int, quant: bool):
+    """[rows, K slice] of the weight as the kernel reads it: row-major for bf16/fp16, through
+    the (16, 16) preshuffle for fp8."""
+    if quant:
+        off = a8ix.shuffled_offset(rows[:, None], kk[None, :], k)
+    else:
+        off = rows[:, None] * k + kk[None, :]
+    assert off.numel() == 0 or (int(off.min()) >= 0 and int(off.max()) < w_flat.numel())
+    return w_flat[off]
+
+
+def _block_rows(routing, bid_block: int, tile_m: int, m: int, topk: int):
+    """(sorted rows, tokens, slots, valid) of a sorted block, read as the kernel reads them."""
+    sorted_ids = routing[0]
+    rows = ix.sorted_row(bid_block, tile_m, torch.arange(tile_m))
+    assert int(rows.max()) < sorted_ids.numel()  # only active blocks read sorted_ids
+    entries = sorted_ids[rows].long()
+    token, slot = ix.entry_token(entries), ix.entry_slot(entries)
+    return rows, token, slot, ix.entry_valid(token, slot, m, topk)
+
+
+def _active_expert(routing, bid_block: int, tile_m: int, num_experts: int) -> int | None:
+    _, _, sorted_expert_ids, num_valid_ids = routing
+    expert = int(sorted_expert_ids[bid_block])
+    active = ix.block_active(bid_block, tile_m, int(num_valid_ids[0]))
+    return expert if active & ix.expert_valid(expert, num_experts) else None
+
+
+def emulate_stage1(a, w1_flat, a_scale, w1_scale, bias1, routing, out, workspace, *, topk,
+                   tile, ksplit, activation, gate_mode, doweight, quant):  # fmt: skip
+    """Stage 1 block by block, column tile by column tile, split by split, as the kernels do.
+
+    `a` and `w1_flat` hold the input values as fp32 (w1_flat preshuffled per expert for fp8).
+    Returns how many times each element of out was written.
+    """
+    m, k = a.shape
+    inter = out.shape[1]
+    two_inter = 2 * inter
+    num_experts = w1_flat.numel() // (two_inter * k)
+    k_block = a8ix.K_BLOCK if quant else a16ix.K_BLOCK
+    num_blocks = routing[2].numel()
+    grid_x, grid_y, grid_z = ix.stage1_grid(inter, num_blocks, tile.tile_n, ksplit)
+    writes = torch.zeros(out.numel(), dtype=torch.int32)
+    out_flat = out.view(-1)
+    for bid_block in range(grid_y):
+        expert = _active_expert(routing, bid_block, tile.tile_m, num_experts)
+        if expert is None:
+            continue
+        rows, token, slot, valid = _block_rows(routing, bid_block, tile.tile_m, m, topk)
+        a_rows = ix.a1_row(token, m, _where)
+        assert int(a_rows.min()) >= 0 and int(a_rows.max()) < m
+        routed = ix.routed_row(token, slot, topk)
+        for bid_n in range(grid_x):
+            _, origin_n = ix.tile_origin(bid_block, bid_n, tile.tile_m, tile.tile_n)
+            cols = origin_n + torch.arange(tile.tile_n)
+            ccols = ix.clamp_col(cols, inter, _where)
+            g_rows = ix.expert_row(expert, ix.gate_row(ccols, inter, gate_mode), two_inter)
+            u_rows = ix.expert_row(expert, ix.up_row(ccols, inter, gate_mode), two_inter)
+            mask = valid[:, None] & (cols < inter)[None, :]
+            for split in range(grid_z):
+                kb_begin, kb_end = ix.k_split_range(split, k // k_block, ksplit)
+                kk = torch.arange(kb_begin * k_block, kb_end * k_block)
+                x = a[a_rows][:, kk]
+                g = x @ _gather_weights(w1_flat, g_rows, kk, k, quant).T
+                u = x @ _gather_weights(w1_flat, u_rows, kk, k, quant).T
+                if quant:
+                    x_scale = a_scale.view(-1)[a_rows][:, None]
+                    g = g * x_scale * w1_scale.view(-1)[g_rows][None, :]
+                    u = u * x_scale * w1_scale.view(-1)[u_rows][None, :]
+                if ksplit > 1:  # atomic adds of the scaled partials
+                    ws_flat = workspace.view(-1)
+                    g_off = ix.matrix_offset(
+                        routed[:, None], ix.stage1_ws_gate_col(cols)[None, :], two_inter
+                    )
+                    u_off = ix.matrix_offset(
+                        routed[:, None], ix.stage1_ws_up_col(cols, inter)[None, :], two_inter
+                    )
+                    ws_flat.index_put_((g_off[mask],), g[mask], accumulate=True)
+                    ws_flat.index_put_((u_off[mask],), u[mask], accumulate=True)
+                    continue
+                if bias1 is not None:
+                    g = g + bias1.view(-1)[g_rows][None, :]
+                    u = u + bias1.view(-1)[u_rows][None, :]
+                y = ix.activate(activation, g, u, torch.exp, _tmin, _tmax)
+                if doweight:
+                    y = y * routing[1][rows][:, None]
+                off = ix.matrix_offset(routed[:, None], cols[None, :], inter)
+                out_flat[off[mask]] = y[mask].to(out.dtype)
+                writes.index_put_((off[mask],), torch.ones_like(off[mask], dtype=torch.int32),
+                                  accumulate=True)  # fmt: skip
+    if ksplit > 1:
+        writes = emulate_activation(workspace, bias1, routing, out, topk=topk,
+                                    num_experts=num_experts, tile_m=tile.tile_m,
+                                    activation=activation, gate_mode=gate_mode,
+                                    doweight=doweight)  # fmt: skip
+    return writes.view(out.shape)
+
+
+def emulate_activation(workspace, bias1, routing, out, *, topk, num_experts, tile_m, activation,
+                       gate_mode, doweight):  # fmt: skip
+    """The activation kernel: one thread per (sorted row, column)."""
+    sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids = routing
+    m = out.shape[0] // topk
+    inter = out.shape[1]
+    num_rows = sorted_ids.numel()
+    grid = ix.elementwise_grid(num_rows * inter)
+    idx, row, col = ix.elementwise_index(
+        torch.arange(grid)[:, None], torch.arange(ix.ELEMENTWISE_BLOCK)[None, :], inter
+    )
+    idx, row, col = idx.reshape(-1), row.reshape(-1), col.reshape(-1)
+    live = (idx < num_rows * inter) & (row < int(num_valid_ids[0]))
+    row, col = row[live], col[live]
+    entries = sorted_ids[row].long()
+    token, slot = ix.entry_token(entries), ix.entry_slot(entries)
+    expert = sorted_expert_ids[ix.row_block(row, tile_m)].long()
+    keep = ix.entry_valid(token, slot, m, topk) & ix.expert_valid(expert, num_experts)
+    row, col, token, slot, expert = row[keep], col[keep], token[keep], slot[keep], expert[keep]
+    routed = ix.routed_row(token, slot, topk)
+    ws_flat = workspace.view(-1)
+    g = ws_flat[ix.matrix_offset(routed, ix.stage1_ws_gate_col(col), 2 * inter)]
+    u = ws_flat[ix.matrix_offset(routed, ix.stage1_ws_up_col(col, inter), 2 * inter)]
+    if bias1 is not None:
+        g = g + bias1.view(-1)[ix.expert_row(expert, ix.gate_row(col, inter, gate_mode), 2 * inter)]
+        u = u + bias1.view(-1)[ix.expert_row(expert, ix.up_row(col, inter, gate_mode), 2 * inter)]
+    y = ix.activate(activation, g, u, torch.exp, _tmin, _tmax)
+    if doweight:
+        y = y * sorted_weights[row]
+    off = ix.matrix_offset(routed, col, inter)
+    out.view(-1)[off] = y.to(out.dtype)
+    writes = torch.zeros(out.numel(), dtype=torch.int32)
+    writes.index_put_((off,), torch.ones_like(off, dtype=torch.int32), accumulate=True)
+    return writes
+
+
+def emulate_stage2(a2, w2_flat, a2_scale, w2_scale, bias2, routing, out, workspace, *, topk,
+                   tile, mode, apply_weight, quant):  # fmt: skip
+    """Stage 2 block by block and column tile by column tile (then the top-k reduction).
+
+    Returns how many times each element of the destination (out or the workspace) was written.
+    """
+    m, model_dim = out.shape
+    inter = a2.shape[1]
+    num_experts = w2_flat.numel() // (model_dim * inter)
+    k_block = a8ix.K_BLOCK if quant else a16ix.K_BLOCK
+    num_blocks = routing[2].numel()
+    grid_x, grid_y, _ = ix.stage2_grid(model_dim, num_blocks, tile.tile_n)
+    dst = out if mode == "atomic" else workspace
+    writes = torch.zeros(dst.numel(), dtype=torch.int32)
+    dst_flat = dst.view(-1)
+    for bid_block in range(grid_y):
+        expert = _active_expert(routing, bid_block, tile.tile_m, num_experts)
+        if expert is None:
+            continue
+        rows, token, slot, valid = _block_rows(routing, bid_block, tile.tile_m, m, topk)
+        a_rows = ix.a2_row(token, slot, m, topk, _where)
+        assert int(a_rows.min()) >= 0 and int(a_rows.max()) < m * topk
+        kk = torch.arange(0, (inter // k_block) * k_block)
+        x = a2[a_rows][:, kk]
+        for bid_n in range(grid_x):
+            _, origin_n = ix.tile_origin(bid_block, bid_n, tile.tile_m, tile.tile_n)
+            cols = origin_n + torch.arange(tile.tile_n)
+            w_rows = ix.expert_row(expert, ix.clamp_col(cols, model_dim, _where), model_dim)
+            y = x @ _gather_weights(w2_flat, w_rows, kk, inter, quant).T
+            if quant:
+                y = y * a2_scale.view(-1)[a_rows][:, None] * w2_scale.view(-1)[w_rows][None, :]
+            if bias2 is not None:
+                y = y + bias2.view(-1)[w_rows][None, :]
+            if apply_weight:
+                y = y * routing[1][rows][:, None]
+            mask = valid[:, None] & (cols < model_dim)[None, :]
+            if mode == "atomic":
+                off = ix.matrix_offset(token[:, None], cols[None, :], model_dim)[mask]
+                # One atomic add per element of the tile: a block holds each token once.
+                assert off.unique().numel() == off.numel()
+                added = dst_flat[off].float() + y[mask].to(dst.dtype).float()
+                dst_flat[off] = added.to(dst.dtype)
+            else:
+                routed = ix.routed_row(token, slot, topk)
+                off = ix.matrix_offset(routed[:, None], cols[None, :], model_dim)[mask]
+                dst_flat[off] = y[mask]
+            writes.index_put_((off,), torch.ones_like(off, dtype=torch.int32), accumulate=True)
+    if mode == "reduce":
+        out_writes = emulate_topk_reduce(workspace, out, topk)
+        assert torch.equal(out_writes, torch.ones_like(out_writes))  # every element once
+    return writes.view(dst.shape)
+
+
+def emulate_topk_reduce(workspace, out, topk: int):
+    m, model_dim = out.shape
+    grid = ix.elementwise_grid(m * model_dim)
+    idx, token, col = ix.elementwise_index(
+        torch.arange(grid)[:, None], torch.arange(ix.ELEMENTWISE_BLOCK)[None, :], model_dim
+    )
+    live = idx.reshape(-1) < m * model_dim
+    idx, token, col = idx.reshape(-1)[live], token.reshape(-1)[live], col.reshape(-1)[live]
+    ws_flat = workspace.view(-1)
+    total = ws_flat[ix.topk_ws_offset(token, 0, col, topk, model_dim)]
+    for slot in range(1, topk):
+        total = total + ws_flat[ix.topk_ws_offset(token, slot, col, topk, model_dim)]
+    out.view(-1)[idx] = total.to(out.dtype)
+    writes = torch.zeros(out.numel(), dtype=torch.int32)
+    writes.index_put_((idx,), torch.ones_like(idx, dtype=torch.int32), accumulate=True)
+    return writes.view(out.shape)
+
+
+def _routed_pairs(topk_ids, expert_mask, num_local_tokens, num_global):
+    """bool [M, topk]: the pairs some local expert computes."""
+    m = topk_ids.shape[0]
+    tokens = m if num_local_tokens is None else max(0, min(m, int(num_local_tokens[0])))
+    local = local_experts(num_global, expert_mask)[topk_ids.long()]
+    return (local >= 0) & (torch.arange(m)[:, None] < tokens)
+
+
+def _make_case(idx: int) -> dict:
+    rnd = random.Random(1000 + idx)
+    quant = idx % 4 == 3
+    experts = rnd.randint(1, 8)
+    ep = idx % 3 == 1
+    num_global = experts + (rnd.randint(1, 4) if ep else 0)
+    topk = rnd.randint(1, min(4, num_global))
+    act_dtype = rnd.choice([torch.bfloat16, torch.float16])
+    return dict(
+        quant=quant,
+        dtype=(FNUZ if idx % 8 == 3 else FN) if quant else act_dtype,
+        act_dtype=act_dtype,
+        activation=ix.ACTIVATIONS[idx % 2],
+        gate_mode=ix.GATE_MODES[(idx // 2) % 2],
+        mode=mg.STAGE_MODES[(idx // 4) % 2],
+        ksplit=(1, 2, 4)[idx % 3],
+        block_m=(16, 32, 64)[(idx // 3) % 3],
+        tile_n=rnd.choice([64, 128]),
+        tile_k=rnd.choice([64, 128]),
+        model_dim=rnd.choice([128, 256]),
+        inter=rnd.choice([64, 128]),
+        experts=experts,
+        num_global=num_global,
+        ep=ep,
+        topk=topk,
+        m=rnd.randint(1, 50),
+        bias=rnd.random() < 0.5,
+        doweight=rnd.random() < 0.5,
+        local_tokens=rnd.random() < 0.25,
+        seed=idx,
+    )
+
+
+CASES = [_make_case(i) for i in range(40)]
+
+
+def _case_id(c: dict) -> str:
+    dtype = str(c["dtype"]).replace("torch.", "")
+    return (
+        f"{dtype}-{c['activation']}-{c['gate_mode']}-{c['mode']}-ks{c['ksplit']}-bm{c['block_m']}"
+        f"-m{c['m']}-e{c['experts']}of{c['num_global']}-k{c['topk']}"
+        f"{'-bias' if c['bias'] else ''}{'-dw' if c['doweight'] else ''}"
+        f"{'-nlt' if c['local_tokens'] else ''}"
+    )
+
+
+@pytest.mark.parametrize("case", CASES, ids=[_case_id(c) for c in CASES])
+def test_emulated_layer_matches_the_reference(case: dict) -> None:
+    gen = torch.Generator().manual_seed(case["seed"])
+    m, d, inter, e, topk = (
+        case["m"],
+        case["model_dim"],
+        case["inter"],
+        case["experts"],
+        case["topk"],
+    )
+    quant, dtype = case["quant"], case["dtype"]
+    gain = 4.0 if case["activation"] == "swiglu" else 1.0  # push some g, u past the clamp
+    hidden = torch.randn(m, d, generator=gen).to(case["act_dtype"])
+    w1 = torch.randn(e, 2 * inter, d, generator=gen) * (gain / d**0.5)
+    w2 = torch.randn(e, d, inter, generator=gen) / inter**0.5
+    bias1 = torch.randn(e, 2 * inter, generator=gen) * 0.5 if case["bias"] else None
+    bias2 = torch.randn(e, d, generator=gen) * 0.5 if case["bias"] else None
+    scores = torch.rand(m, case["num_global"], generator=gen)
+    topk_weights, topk_ids = scores.topk(topk, dim=1)
+    topk_ids = topk_ids.to(torch.int32)
+    expert_mask = None
+    if case["ep"]:
+        local = torch.randperm(case["num_global"], generator=gen)[:e]
+        expert_mask = torch.zeros(case["num_global"], dtype=torch.int32)
+        expert_mask[local] = 1
+    num_local_tokens = None
+    if case["local_tokens"]:
+        num_local_tokens = torch.tensor([int(torch.randint(0, m + 1, (1,), generator=gen))])
+    tile = GemmTile(case["block_m"], case["tile_n"], case["tile_k"])
+    routing = moe_sorting_reference(
+        topk_ids, topk_weights, case["num_global"], tile.tile_m, expert_mask, num_local_tokens
+    )
+
+    if quant:
+        a, a_scale = per_token_quant(hidden, dtype)
+        w1q, w1_scale = per_token_quant(w1.reshape(-1, d), dtype)
+        w2q, w2_scale = per_token_quant(w2.reshape(-1, inter), dtype)
+        w1q, w2q = w1q.view(e, 2 * inter, d), w2q.view(e, d, inter)
+        w1_scale, w2_scale = w1_scale.view(e, 2 * inter, 1), w2_scale.view(e, d, 1)
+        w1_kernel = torch.stack([shuffle_weight(w1q[i], (16, 16)) for i in range(e)])
+        w2_kernel = torch.stack([shuffle_weight(w2q[i], (16, 16)) for i in range(e)])
+        out1_dtype = out_dtype = hidden.dtype
+        hidden_ref, w1_ref, w2_ref = hidden, w1q, w2q
+    else:
+        a = hidden
+        a_scale = w1_scale = w2_scale = None
+        w1_kernel, w2_kernel = w1.to(dtype), w2.to(dtype)
+        out1_dtype = out_dtype = dtype
+        hidden_ref, w1_ref, w2_ref = a, w1_kernel, w2_kernel
+
+    out1 = torch.zeros(m * topk, inter, dtype=out1_dtype)
+    ws1 = torch.zeros(mg.stage1_workspace_shape(m, topk, inter)) if case["ksplit"] > 1 else None
+    writes1 = emulate_stage1(
+        a.float(), w1_kernel.float().reshape(-1), a_scale, w1_scale, bias1, routing, out1, ws1,
+        topk=topk, tile=tile, ksplit=case["ksplit"], activation=case["activation"],
+        gate_mode=case["gate_mode"], doweight=case["doweight"], quant=quant,
+    )  # fmt: skip
+    pairs = _routed_pairs(topk_ids, expert_mask, num_local_tokens, case["num_global"])
+    expected_rows = pairs.reshape(-1, 1).to(torch.int32).expand(-1, inter)
+    assert torch.equal(writes1, expected_rows)  # each routed row once, nothing else
+
+    if quant:
+        a2, a2_scale = per_token_quant(out1, dtype)
+    else:
+        a2, a2_scale = out1, None
+    out = torch.zeros(m, d, dtype=out_dtype)
+    ws2 = torch.zeros(mg.stage2_workspace_shape(m, topk, d)) if case["mode"] == "reduce" else None
+    writes2 = emulate_stage2(
+        a2.float(), w2_kernel.float().reshape(-1), a2_scale, w2_scale, bias2, routing, out, ws2,
+        topk=topk, tile=tile, mode=case["mode"], apply_weight=not case["doweight"], quant=quant,
+    )  # fmt: skip
+    if case["mode"] == "reduce":
+        assert torch.equal(writes2, pairs.reshape(-1, 1).to(torch.int32).expand(-1, d))
+    else:
+        assert torch.equal(writes2, pairs.sum(dim=1, dtype=torch.int32)[:, None].expand(-1, d))
+
+    ref = fused_moe_reference(
+        hidden_ref, w1_ref, w2_ref, topk_weights, topk_ids, activation=case["activation"],
+        gate_mode=case["gate_mode"], bias1=bias1, bias2=bias2, doweight_stage1=case["doweight"],
+        expert_mask=expert_mask, num_local_tokens=num_local_tokens, w1_scale=w1_scale,
+        w2_scale=w2_scale, quant=quant,
+    )  # fmt: skip
+    scale = float(ref.abs().max()) + 1e-6
+    tol = 4e-2 if quant else 2e-2
+    torch.testing.assert_close(out.float(), ref, rtol=tol, atol=tol * scale)
+    # Tokens routed to no local expert (or past num_local_tokens) keep zero rows.
+    assert not out[~pairs.any(dim=1)].float().any()
+
+
+def test_cases_cover_every_option() -> None:
+    seen = {key: {str(c[key]) for c in CASES} for key in CASES[0] if key != "seed"}
+    assert seen["activation"] == set(ix.ACTIVATIONS)
+    assert seen["gate_mode"] == set(ix.GATE_MODES)
+    assert seen["mode"] == set(mg.STAGE_MODES)
+    assert seen["ksplit"] == {"1", "2", "4"}
+    assert seen["block_m"] == {"16", "32", "64"}
+    for key in ("quant", "bias", "doweight", "ep", "local_tokens"):
+        assert seen[key] == {"True", "False"}, key
+    assert {"torch.float8_e4m3fnuz", "torch.float8_e4m3fn", "torch.bfloat16"} <= seen["dtype"]
+    # fp8 meets both split paths, both stage-2 modes and both unquantized dtypes.
+    fp8 = [c for c in CASES if c["quant"]]
+    assert {c["ksplit"] > 1 for c in fp8} == {True, False}
+    assert {c["mode"] for c in fp8} == set(mg.STAGE_MODES)
+    assert {c["act_dtype"] for c in fp8} == {torch.bfloat16, torch.float16}
+
+
+def test_reference_skips_non_local_experts_and_tokens() -> None:
+    """Hand-checked: with expert 1 of 2 local and one local token, only that pair counts."""
+    hidden = torch.tensor([[1.0] * 64, [2.0] * 64])
+    w1 = torch.zeros(1, 128, 64)
+    w1[0, :64] = 0.01  # gate
+    w1[0, 64:] = 0.02  # up
+    w2 = torch.ones(1, 64, 64) * 0.5
+    ids = torch.tensor([[1, 0], [1, 0]])
+    weights = torch.tensor([[0.25, 0.75], [0.5, 0.5]])
+    out = fused_moe_reference(
+        hidden, w1, w2, weights, ids, activation="silu", gate_mode="separated",
+        expert_mask=torch.tensor([0, 1]), num_local_tokens=1,
+    )  # fmt: skip
+    g, u = torch.tensor(0.64), torch.tensor(1.28)
+    y = torch.nn.functional.silu(g) * u * 64 * 0.5 * 0.25
+    torch.testing.assert_close(out[0], y.expand(64))
+    assert torch.equal(out[1], torch.zeros(64))
+
+
+# --- host entry --------------------------------------------------------------------------
+
+
+def _stage1_args(quant=False, m=5, d=128, inter=64, e=2, topk=2, tile_m=16):
+    dtype = FNUZ if quant else torch.bfloat16
+    p, blocks = sorting_sizes(m, topk, e, tile_m)
+    args = dict(
+        a=torch.empty(m, d, dtype=dtype),
+        w1=torch.empty(e, 2 * inter, d, dtype=dtype),
+        sorted_ids=torch.empty(p, dtype=torch.int32),
+        sorted_weights=torch.empty(p),
+        sorted_expert_ids=torch.empty(blocks, dtype=torch.int32),
+        num_valid_ids=torch.empty(2, dtype=torch.int32),
+        out=torch.empty(m * topk, inter, dtype=torch.bfloat16),
+    )
+    kwargs = dict(topk=topk, tile=GemmTile(tile_m, 64, 64), ksplit=1, activation="silu",
+                  gate_mode="separated", doweight=False, mma="mfma")  # fmt: skip
+    if quant:
+        kwargs.update(a_scale=torch.empty(m, 1), w1_scale=torch.empty(e, 2 * inter, 1))
+    return args, kwargs
+
+
+def _stage2_args(quant=False, m=5, d=128, inter=64, e=2, topk=2, tile_m=16):
+    args, _ = _stage1_args(quant, m, d, inter, e, topk, tile_m)
+    dtype = args["a"].dtype
+    args = dict(
+        a2=torch.empty(m * topk, inter, dtype=dtype),
+        w2=torch.empty(e, d, inter, dtype=dtype),
+        sorted_ids=args["sorted_ids"],
+        sorted_weights=args["sorted_weights"],
+        sorted_expert_ids=args["sorted_expert_ids"],
+        num_valid_ids=args["num_valid_ids"],
+        out=torch.empty(m, d, dtype=torch.bfloat16),
+    )
+    kwargs = dict(topk=topk, tile=GemmTile(tile_m, 64, 64), mode="atomic", apply_weight=True,
+                  mma="mfma")  # fmt: skip
+    if quant:
+        kwargs.update(a2_scale=torch.empty(m * topk, 1), w2_scale=torch.empty(e, d, 1))
+    return args, kwargs
+
+
+STAGE1_BAD = [
+    # (quant, replaced arguments, message); every case fails before any compile
+    (False, dict(mma="xdl"), "mma: expected one of"),
+    (False, dict(tile=GemmTile(128, 64, 64)), "tile: .* not supported"),
+    (False, dict(tile=GemmTile(16, 64, 32)), "tile: .* not supported"),
+    (False, dict(ksplit=0), "ksplit: expected an int >= 1"),
+    (False, dict(ksplit=2), "workspace: expected a zeroed float32 \\[10, 128\\]"),
+    (False, dict(ksplit=2, workspace=torch.empty(10, 64)), "workspace: expected shape"),
+    (False, dict(topk=0), "topk: expected an int in"),
+    (False, dict(activation="gelu"), "activation: expected one of"),
+    (False, dict(gate_mode="mixed"), "gate_mode: expected one of"),
+    (False, dict(doweight=1), "doweight: expected a bool"),
+    (False, dict(a=torch.empty(5, 96, dtype=torch.bfloat16)), "a: model_dim .* multiple of 64"),
+    (False, dict(a=torch.empty(5, 128, dtype=torch.float32)), "a: expected dtype in"),
+    (False, dict(a=torch.empty(128, 5, dtype=torch.bfloat16).T), "a: expected a contiguous"),
+    (
+        False,
+        dict(a=torch.empty(5, 256, dtype=torch.bfloat16).narrow(1, 0, 128)),
+        "a: expected a contiguous",
+    ),
+    (
+        False,
+        dict(w1=torch.empty(2, 128, 128, dtype=torch.float16)),
+        "w1: expected dtype torch.bfloat16",
+    ),
+    (False, dict(w1=torch.empty(2, 96, 128, dtype=torch.bfloat16)), "w1: inter .* multiple of 64"),
+    (False, dict(w1=torch.empty(2, 128, 64, dtype=torch.bfloat16)), "w1: expected shape"),
+    (False, dict(w1=torch.empty(128, 128, dtype=torch.bfloat16)), "w1: expected a 3-D"),
+    (
+        False,
+        dict(out=torch.empty(10, 64, dtype=torch.float16)),
+        "out: expected dtype torch.bfloat16, got",
+    ),
+    (False, dict(out=torch.empty(5, 64, dtype=torch.bfloat16)), "out: expected shape \\[10, 64\\]"),
+    (False, dict(sorted_ids=torch.empty(40, dtype=torch.int64)), "sorted_ids: expected dtype"),
+    (False, dict(sorted_weights=torch.empty(41)), "sorted_weights: expected shape \\[40\\]"),
+    (
+        False,
+        dict(sorted_expert_ids=torch.empty(3, 1, dtype=torch.int32)),
+        "sorted_expert_ids: expected a 1-D",
+    ),
+    (False, dict(num_valid_ids=torch.empty(1, dtype=torch.int32)), "num_valid_ids: expected shape"),
+    (False, dict(bias1=torch.empty(2, 128, dtype=torch.bfloat16)), "bias1: expected dtype"),
+    (False, dict(bias1=torch.empty(2, 64)), "bias1: expected shape"),
+    (False, dict(a_scale=torch.empty(5, 1)), "a_scale: expected None"),
+    (True, dict(a_scale=None), "a_scale: expected a float32 \\[5, 1\\]"),
+    (True, dict(w1_scale=torch.empty(2, 128)), "w1_scale: expected shape \\[2, 128, 1\\]"),
+    (True, dict(out=torch.empty(10, 64)), "out: expected dtype"),
+    (True, dict(w1=torch.empty(2, 128, 128, dtype=FN)), "w1: expected dtype torch.float8_e4m3fnuz"),
+    (True, dict(mma="wmma"), "a: mma='wmma' .* takes float8_e4m3fn"),
+]
+
+
+@pytest.mark.parametrize(("quant", "change", "message"), STAGE1_BAD)
+def test_stage1_rejects_bad_arguments(quant, change, message) -> None:
+    args, kwargs = _stage1_args(quant)
+    for key, value in change.items():
+        (args if key in args else kwargs)[key] = value
+    with pytest.raises(ValueError, match=message):
+        mg.launch_moe_stage1(*args.values(), **kwargs)
+
+
+STAGE2_BAD = [
+    (False, dict(mode="sum"), "mode: expected one of"),
+    (False, dict(mode="reduce"), "workspace: expected a zeroed float32 \\[10, 128\\]"),
+    (
+        False,
+        dict(mode="reduce", workspace=torch.empty(10, 128, dtype=torch.bfloat16)),
+        "workspace: expected dtype",
+    ),
+    (False, dict(apply_weight=None), "apply_weight: expected a bool"),
+    (False, dict(topk=3), "a2: expected 5 \\* 3 = 15 rows"),
+    (False, dict(tile=GemmTile(16, 96, 64)), "tile: .* not supported"),
+    (False, dict(a2=torch.empty(10, 96, dtype=torch.bfloat16)), "a2: inter .* multiple of 64"),
+    (False, dict(w2=torch.empty(2, 128, 128, dtype=torch.bfloat16)), "w2: expected shape"),
+    (
+        False,
+        dict(w2=torch.empty(2, 80, 64, dtype=torch.bfloat16)),
+        "w2: model_dim .* multiple of 64",
+    ),
+    (False, dict(out=torch.empty(5, 128)), "out: expected dtype in"),
+    (False, dict(out=torch.empty(5, 64, dtype=torch.bfloat16)), "out: expected shape \\[5, 128\\]"),
+    (False, dict(bias2=torch.empty(2, 64)), "bias2: expected shape \\[2, 128\\]"),
+    (False, dict(w2_scale=torch.empty(2, 128, 1)), "w2_scale: expected None"),
+    (True, dict(a2_scale=torch.empty(5, 1)), "a2_scale: expected shape \\[10, 1\\]"),
+    (True, dict(w2_scale=None), "w2_scale: expected a float32 \\[2, 128, 1\\]"),
+    (True, dict(w2=torch.empty(2, 128, 64, dtype=torch.bfloat16)), "w2: expected dtype"),
+]
+
+
+@pytest.mark.parametrize(("quant", "change", "message"), STAGE2_BAD)
+def test_stage2_rejects_bad_arguments(quant, change, message) -> None:
+    args, kwargs = _stage2_args(quant)
+    for key, value in change.items():
+        (args if key in args else kwargs)[key] = value
+    with pytest.raises(ValueError, match=message):
+        mg.launch_moe_stage2(*args.values(), **kwargs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", mg.STAGE_MODES)
+def test_layer_numerics_on_gpu(mode: str) -> None:
+    torch.manual_seed(0)
+    m, d, inter, e, topk, tile = 33, 256, 128, 4, 2, GemmTile(32, 64, 64)
+    hidden = torch.randn(m, d, dtype=torch.bfloat16)
+    w1 = torch.randn(e, 2 * inter, d, dtype=torch.bfloat16) / d**0.5
+    w2 = torch.randn(e, d, inter, dtype=torch.bfloat16) / inter**0.5
+    topk_weights, topk_ids = torch.rand(m, e).topk(topk, dim=1)
+    routing = moe_sorting_reference(topk_ids.to(torch.int32), topk_weights, e, tile.tile_m)
+    cuda = [t.cuda() for t in routing]
+    mma = "wmma" if "gfx1250" in torch.cuda.get_device_properties(0).gcnArchName else "mfma"
+    out1 = torch.zeros(m * topk, inter, dtype=torch.bfloat16, device="cuda")
+    mg.launch_moe_stage1(hidden.cuda(), w1.cuda(), *cuda, out1, topk=topk, tile=tile, ksplit=1,
+                         activation="silu", gate_mode="separated", doweight=False, mma=mma)  # fmt: skip
+    out = torch.zeros(m, d, dtype=torch.bfloat16, device="cuda")
+    ws = torch.zeros(m * topk, d, device="cuda") if mode == "reduce" else None
+    mg.launch_moe_stage2(out1, w2.cuda(), *cuda, out, topk=topk, tile=tile, mode=mode,
+                         apply_weight=True, mma=mma, workspace=ws)  # fmt: skip
+    ref = fused_moe_reference(hidden, w1, w2, topk_weights, topk_ids, activation="silu",
+                              gate_mode="separated")  # fmt: skip
+    torch.testing.assert_close(out.float().cpu(), ref, rtol=3e-2, atol=3e-2)
+
+
+# --- compilation per arch ----------------------------------------------------------------
+
+ARCH_MMA = {"gfx942": ("mfma", "float8_e4m3fnuz"), "gfx950": ("mfma", "float8_e4m3fn"),
+            "gfx1250": ("wmma", "float8_e4m3fn")}  # fmt: skip
+# stage, fp8, tile, ksplit (stage 1) or mode (stage 2). Stage 1: ksplit 1 is silu/separated
+# with bias, ksplit 2 swiglu/interleave with bias and doweight; stage 2: atomic with bias and
+# weight, reduce without. The child launches configs 1 and 3 on FakeTensors.
+COMPILED = [
+    (1, False, (32, 64, 64), 1),
+    (1, True, (16, 128, 128), 2),
+    (2, False, (64, 128, 64), "atomic"),
+    (2, True, (32, 64, 128), "reduce"),
+]
+# The jit functions (cache directory prefixes) each config compiles.
+JIT_NAMES = {
+    0: ["moe_stage1"],
+    1: ["moe_stage1", "moe_stage1_activation"],
+    2: ["moe_stage2"],
+    3: ["moe_stage2", "moe_topk_reduce"],
+}
+MNEMONIC = {
+    ("mfma", False): "v_mfma_f32_16x16x16_bf16",
+    ("mfma", True): "v_mfma_f32_16x16x32_fp8_fp8",
+    ("wmma", False): "v_wmma_f32_16x16x32_bf16",
+    ("wmma", True): "v_wmma_f32_16x16x64_fp8_fp8",
+}
+
+_CHILD = """
+import contextlib, json, shutil, sys, time
+from pathlib import Path
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from aiter.ops.moe.kernels import stages as mg
+from aiter.ops.moe.kernels.sorting_index import sorting_sizes
+from aiter.ops.shared.tiles import GemmTile
+
+mma, fp8 = sys.argv[1], getattr(torch, sys.argv[2])
+configs, cache = json.loads(sys.argv[3]), Path(sys.argv[4])
+dump = Path(sys.argv[5]) if sys.argv[5] else None
+keep = Path(sys.argv[6])
+m, d, inter, e, topk = 37, 256, 128, 4, 2
+results = []
+for idx, (stage, quant, tile, option) in enumerate(configs):
+    # Even configs launch on CPU tensors, odd ones on FakeTensors on "cuda" (the AOT builder's).
+    fake = idx % 2 == 1
+    device = "cuda" if fake else "cpu"
+    def empty(*shape, dtype=torch.float32):
+        return torch.empty(shape, dtype=dtype, device=device)
+    dtype = fp8 if quant else torch.bfloat16
+    tile = GemmTile(*tile)
+    p, blocks = sorting_sizes(m, topk, e, tile.tile_m)
+    if dump is not None:
+        shutil.rmtree(dump, ignore_errors=True)
+    before = set(cache.glob("*/*.pkl"))
+    start = time.perf_counter()
+    with FakeTensorMode() if fake else contextlib.nullcontext():
+        routing = (empty(p, dtype=torch.int32), empty(p), empty(blocks, dtype=torch.int32),
+                   empty(2, dtype=torch.int32))
+        if stage == 1:
+            scales = dict(a_scale=empty(m, 1), w1_scale=empty(e, 2 * inter, 1)) if quant else {}
+            mg.launch_moe_stage1(
+                empty(m, d, dtype=dtype), empty(e, 2 * inter, d, dtype=dtype), *routing,
+                empty(m * topk, inter, dtype=torch.bfloat16), topk=topk, tile=tile, ksplit=option,
+                activation="silu" if option == 1 else "swiglu",
+                gate_mode="separated" if option == 1 else "interleave", doweight=option > 1,
+                mma=mma, bias1=empty(e, 2 * inter),
+                workspace=empty(m * topk, 2 * inter) if option > 1 else None, **scales)
+        else:
+            scales = dict(a2_scale=empty(m * topk, 1), w2_scale=empty(e, d, 1)) if quant else {}
+            mg.launch_moe_stage2(
+                empty(m * topk, inter, dtype=dtype), empty(e, d, inter, dtype=dtype), *routing,
+                empty(m, d, dtype=torch.bfloat16), topk=topk, tile=tile, mode=option,
+                apply_weight=option == "atomic", mma=mma,
+                bias2=empty(e, d) if option == "atomic" else None,
+                workspace=empty(m * topk, d) if option == "reduce" else None, **scales)
+    result = {"seconds": time.perf_counter() - start}
+    result["entries"] = sorted(str(p) for p in set(cache.glob("*/*.pkl")) - before)
+    if dump is not None:
+        result["isa"] = {}
+        for listing in sorted(dump.glob("*/*final_isa.s")):
+            kernel = listing.parent.name.rsplit("_", 1)[0]
+            target = keep / f"{idx}_{kernel}.s"
+            target.write_text(listing.read_text())
+            result["isa"][kernel] = str(target)
+    results.append(result)
+print(json.dumps(results))
+"""
+
+
+def _compile_child(arch: str, rocm_path: str, root: Path, dump: bool) -> list[dict]:
+    """Compile COMPILED for one arch in a child process (one arch per process; an LLVM abort
+    kills the child, not pytest). FlyDSL skips its disk cache while it dumps ISA, hence `dump`."""
+    cache, keep = root / "cache", root / "isa"
+    keep.mkdir(parents=True)
+    mma, fp8 = ARCH_MMA[arch]
+    env = compile_env(arch, rocm_path, cache, dump=root / "dump" if dump else None)
+    args = [
+        mma,
+        fp8,
+        json.dumps(COMPILED),
+        str(cache),
+        str(root / "dump") if dump else "",
+        str(keep),
+    ]
+    child = run_child(_CHILD, args, env)
+    assert child.returncode == 0, (
+        f"{arch}: compile process exited with {child.returncode}"
+        f" (negative: killed by signal)\n{child.stderr[-4000:]}"
+    )
+    return json.loads(child.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module", params=list(ARCH_MMA))
+def compiled(request, rocm_path: str, tmp_path_factory) -> dict:
+    """The cache entries each config of COMPILED wrote for one arch."""
+    arch = request.param
+    results = _compile_child(arch, rocm_path, tmp_path_factory.mktemp(f"moe_{arch}"), dump=False)
+    return {"arch": arch, "results": results}
+
+
+@pytest.fixture(scope="module", params=list(ARCH_MMA))
+def listed(request, rocm_path: str, tmp_path_factory) -> dict:
+    """FlyDSL's ISA listing of every kernel of COMPILED for one arch."""
+    arch = request.param
+    root = tmp_path_factory.mktemp(f"moe_isa_{arch}")
+    return {"arch": arch, "results": _compile_child(arch, rocm_path, root, dump=True)}
+
+
+@pytest.mark.slow
+def test_one_cache_entry_per_kernel(compiled: dict) -> None:
+    results = compiled["results"]
+    print(f"{compiled['arch']} compile seconds: {[round(r['seconds'], 2) for r in results]}")
+    for idx, result in enumerate(results):
+        names = sorted(Path(p).parent.name.rsplit("_", 1)[0] for p in result["entries"])
+        assert names == JIT_NAMES[idx], (COMPILED[idx], result["entries"])
+
+
+@pytest.mark.slow
+def test_code_objects_target_the_arch(compiled: dict) -> None:
+    from aiter.aot.flydsl import elf
+    from aiter.aot.flydsl.hooks import extract_code_objects
+
+    for result in compiled["results"]:
+        for entry in result["entries"]:
+            codes = extract_code_objects(entry)
+            assert len(codes) == 1, entry
+            header = elf.parse_header(codes[0])
+            assert header.e_machine == 224, entry
+            assert header.e_flags & 0xFF == elf.ARCH_TO_MACH[compiled["arch"]], entry
+
+
+@pytest.mark.slow
+def test_gfx942_disassembly(compiled: dict) -> None:
+    """llvm-objdump (LLVM 19 knows gfx942) finds the MMA in the GEMM kernels' code objects."""
+    from aiter.aot.flydsl import elf
+    from aiter.aot.flydsl.hooks import extract_code_objects
+
+    if compiled["arch"] != "gfx942":
+        pytest.skip("the installed llvm-objdump disassembles gfx942 only (see the ISA listing)")
+    for (stage, quant, _, _), result in zip(COMPILED, compiled["results"], strict=True):
+        for entry in result["entries"]:
+            text = elf.disassemble(extract_code_objects(entry)[0], "gfx942")
+            if text is None:
+                pytest.skip("no llvm-objdump that knows gfx942")
+            is_gemm = Path(entry).parent.name.rsplit("_", 1)[0] == f"moe_stage{stage}"
+            assert (MNEMONIC[("mfma", quant)] in text) == is_gemm, entry
+            assert "v_wmma" not in text, entry
+
+
+@pytest.mark.slow
+def test_isa_listing(listed: dict) -> None:
+    """FlyDSL's ISA listing of every kernel: the arch and wave size, the MMA of the GEMM
+    kernels, the exponential of the activation, and atomics exactly where the design has them."""
+    arch = listed["arch"]
+    mma, _ = ARCH_MMA[arch]
+    wave = a16ix.WAVE_SIZE[mma]
+    for idx, ((stage, quant, _, option), result) in enumerate(
+        zip(COMPILED, listed["results"], strict=True)
+    ):
+        kernels = {name.removesuffix("_kernel"): path for name, path in result["isa"].items()}
+        assert sorted(kernels) == JIT_NAMES[idx], result["isa"]
+        for name, path in kernels.items():
+            text = Path(path).read_text()
+            assert f'.amdgcn_target "amdgcn-amd-amdhsa-unknown-{arch}"' in text, name
+            assert f".wavefront_size: {wave}" in text, name
+            is_gemm = name == f"moe_stage{stage}"
+            assert (MNEMONIC[(mma, quant)] in text) == is_gemm, (idx, name)
+            assert ("v_wmma" if mma == "mfma" else "v_mfma") not in text, (idx, name)
+            activates = name == "moe_stage1_activation" or (name == "moe_stage1" and option == 1)
+            assert ("v_exp_f32" in text) == activates, (idx, name)
+            atomics = re.findall(r"global_atomic_\w+", text)
+            wants_atomics = (name == "moe_stage1" and option != 1) or option == "atomic"
+            assert bool(atomics) == wants_atomics, (idx, name, sorted(set(atomics)))
