@@ -11,9 +11,11 @@ import hashlib
 import os
 from pathlib import Path
 
-CACHE_DIR_ENV = "FLYDSL_RUNTIME_CACHE_DIR"  # FlyDSL's (aiter.aot.flydsl.hooks.ENV_CACHE_DIR)
+from aiter.flydsl_bridge.env import ENV_CACHE_DIR as CACHE_DIR_ENV
+from aiter.flydsl_bridge.manifest import MANIFEST_NAME
+
 SHIPPED_DIR_NAME = "flydsl_cache"
-MANIFEST_NAME = "aiter_aot_manifest.json"  # aiter.aot.flydsl.manifest.MANIFEST_NAME
+
 OVERLAY_ENV = "AITER_CACHE_OVERLAY_DIR"  # where overlays of read-only caches go
 # 1: never write into the shipped cache, even where the process could (an image's layers).
 READONLY_ENV = "AITER_CACHE_READONLY"

@@ -43,16 +43,8 @@ def tensor_arg(t: Any, layout: str | None = None) -> str:
     return f"{text} {layout}" if layout else text
 
 
-def install_jit_monitor(record: DispatchRecord) -> None:
-    """The first observer of every process: the first report of any public entry installs the
-    JIT monitor (aiter.jit_monitor), which replaces this observer with its own only when its
-    settings need records. With the default settings later reports build nothing."""
-    from aiter import jit_monitor
-
-    jit_monitor.first_report(record)
-
-
-_observers: list[Callable[[DispatchRecord], None]] = [install_jit_monitor]
+# aiter.jit_monitor subscribes its installer when it is imported (every entry imports it).
+_observers: list[Callable[[DispatchRecord], None]] = []
 
 
 def listening() -> bool:

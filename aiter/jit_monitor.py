@@ -16,8 +16,8 @@ Settings, read from the environment once per process, at the first call of any p
   above decides.
 
 The monitor acts on kernels defined in aiter only, and not at all in the AOT builder's processes
-(`hooks.in_aot_build`), where compiling is the point. It subscribes to dispatch records, and
-watches FlyDSL through `aiter.aot.flydsl.hooks`, only when warn, error or run-only is in force;
+(`bridge.in_aot_build`), where compiling is the point. It subscribes to dispatch records, and
+watches FlyDSL through `aiter.flydsl_bridge`, only when warn, error or run-only is in force;
 with the defaults, the first report uninstalls the installer and later reports build nothing.
 
 Adding a fallback to a new family: list the variants its kernels document as computing the
@@ -30,7 +30,6 @@ actually used. gemm_plan.Plan.launch is the worked example.
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import os
@@ -42,8 +41,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from aiter import dispatch
-from aiter.aot.flydsl import hooks
-from aiter.tuning import CONFIG_DIR_ENV
+from aiter import flydsl_bridge as bridge
+from aiter.tuning import CONFIG_DIR_ENV, find_spec
 
 ENV_JIT = "AITER_JIT"
 ENV_FALLBACK = "AITER_AOT_FALLBACK"
@@ -62,7 +61,7 @@ class JitCompileRefused(RuntimeError):
     """A FlyDSL kernel the cache does not hold was not compiled (AITER_JIT=error, or
     FLYDSL_RUNTIME_RUN_ONLY=1); the message names the call, the kernel and the fix."""
 
-    def __init__(self, message: str, request: hooks.KernelRequest | None = None) -> None:
+    def __init__(self, message: str, request: bridge.KernelRequest | None = None) -> None:
         super().__init__(message)
         self.request = request
 
@@ -88,7 +87,7 @@ class Settings:
             raise ValueError(
                 f"{ENV_FALLBACK}={env[ENV_FALLBACK]!r}: expected 1 (on) or 0 (off, the default)"
             )
-        return cls(policy, fallback == "1", hooks.run_only_from_env(env))
+        return cls(policy, fallback == "1", bridge.run_only_from_env(env))
 
     @property
     def listens(self) -> bool:
@@ -171,7 +170,7 @@ class Miss:
     """Everything a miss message says; `describe_miss` gathers it, `format_miss` writes it."""
 
     headline: str
-    request: hooks.KernelRequest
+    request: bridge.KernelRequest
     record: dispatch.DispatchRecord | None  # the last record of this thread
     arch: str
     cu_num: str
@@ -221,7 +220,7 @@ def format_miss(miss: Miss) -> str:
     if not miss.cache_root:
         lines.append(
             "  cache:   FlyDSL's disk cache is off (FLYDSL_RUNTIME_ENABLE_CACHE=0 or an empty "
-            f"{hooks.ENV_CACHE_DIR}): nothing can be served from it"
+            f"{bridge.ENV_CACHE_DIR}): nothing can be served from it"
         )
     else:
         if r.key:
@@ -262,11 +261,11 @@ def _built_for(record: Mapping[str, Any]) -> str:
     return text
 
 
-def cached_entries(request: hooks.KernelRequest) -> tuple[list[CachedEntry], int]:
+def cached_entries(request: bridge.KernelRequest) -> tuple[list[CachedEntry], int]:
     """The other entries of `request`'s function in its cache directory (parameters from the
     AOT manifest at the cache root where it lists them), and how many entries of the function
     sit under other manager keys."""
-    from aiter.aot.flydsl import manifest
+    from aiter.flydsl_bridge import manifest
 
     if not request.cache_dir:
         return [], 0
@@ -303,36 +302,20 @@ def cached_entries(request: hooks.KernelRequest) -> tuple[list[CachedEntry], int
     return entries, elsewhere
 
 
-@functools.cache
-def _table(short_name: str) -> tuple[Any, str] | None:
-    """(TableSpec, AOT module name) of the table `short_name`, from the AOT registry."""
-    from aiter.aot.flydsl import registry
-
-    for path in registry.registered().values():
-        try:
-            family = registry.load(path)
-        except Exception:  # a module that does not load names no table here
-            continue
-        for spec in family.tables:
-            if spec.short_name == short_name:
-                return spec, family.module
-    return None
-
-
 def fix_hint(record: dispatch.DispatchRecord | None, arch: str, cu_num: str, cache: str) -> str:
     """How to get the kernel into the cache: the table to add a row to and the build command."""
     target = f"GPU_ARCHS={arch}:{cu_num} " if arch != "unknown" else ""
     cache_arg = f" --cache-dir {cache}" if cache else ""
-    found = _table(record.table) if record is not None and record.table else None
-    if found is None:
+    spec = find_spec(record.table) if record is not None and record.table else None
+    if spec is None:
         return (
             "build the cache for this operator and serve from it: "
             f"{target}python -m aiter.aot.flydsl{cache_arg}"
         )
-    spec, module = found
+    module = f" --module {spec.aot_module}" if spec.aot_module else ""
     config_dir = os.environ.get(CONFIG_DIR_ENV)
     tables = f"{CONFIG_DIR_ENV}={config_dir} " if config_dir else ""  # the build reads the same
-    build = f"{target}{tables}python -m aiter.aot.flydsl --module {module}"
+    build = f"{target}{tables}python -m aiter.aot.flydsl{module}"
     if record.row is None:
         example = ""
         if record.table_row:
@@ -362,12 +345,12 @@ def _device() -> tuple[str, str]:
 
 
 REASON_ERROR = f"{ENV_JIT}=error refuses to compile it"
-REASON_RUN_ONLY = f"{hooks.ENV_RUN_ONLY}=1 forbids compiling it"
+REASON_RUN_ONLY = f"{bridge.ENV_RUN_ONLY}=1 forbids compiling it"
 REASON_WARN = f"{ENV_JIT}=warn: compiling it now, on the serving path (logged once per kernel)"
 
 
 def describe_miss(
-    request: hooks.KernelRequest, record: dispatch.DispatchRecord | None, reason: str
+    request: bridge.KernelRequest, record: dispatch.DispatchRecord | None, reason: str
 ) -> Miss:
     """Gather what the message says about a miss of `request` (reading the cache directory)."""
     arch, cu_num = _device()
@@ -392,7 +375,7 @@ def describe_miss(
 # --- the monitor ---
 
 
-def _ours(request: hooks.KernelRequest) -> bool:
+def _ours(request: bridge.KernelRequest) -> bool:
     return request.module == "aiter" or request.module.startswith("aiter.")
 
 
@@ -411,7 +394,7 @@ class _Monitor:
     def last_record(self) -> dispatch.DispatchRecord | None:
         return getattr(self._local, "record", None)
 
-    def compiling(self, request: hooks.KernelRequest) -> None:
+    def compiling(self, request: bridge.KernelRequest) -> None:
         policy = self.settings.policy
         if policy == ALLOW or not _ours(request):
             return
@@ -425,7 +408,7 @@ class _Monitor:
         log.warning("%s", format_miss(describe_miss(request, self.last_record(), REASON_WARN)))
 
     def run_only_miss(
-        self, request: hooks.KernelRequest, error: RuntimeError
+        self, request: bridge.KernelRequest, error: RuntimeError
     ) -> BaseException | None:
         if not _ours(request):
             return None
@@ -452,16 +435,16 @@ def install(chosen: Settings | None = None) -> Settings:
     names a bad variable). Replaces an earlier installation; inert in the AOT builder."""
     global _settings, _monitor
     with _lock:
-        if hooks.in_aot_build():
+        if bridge.in_aot_build():
             chosen = Settings()
         elif chosen is None:
             chosen = Settings.from_env()
         _stop()
         if chosen.listens:
             _monitor = _Monitor(chosen)
-            hooks.watch_compiles(_monitor)
+            bridge.watch_compiles(_monitor)
             dispatch.subscribe(_monitor.observe)
-        dispatch.unsubscribe(dispatch.install_jit_monitor)
+        dispatch.unsubscribe(first_report)
         _settings = chosen
         return chosen
 
@@ -472,14 +455,14 @@ def uninstall() -> None:
     with _lock:
         _stop()
         _settings = None
-        dispatch.subscribe(dispatch.install_jit_monitor)
+        dispatch.subscribe(first_report)
 
 
 def _stop() -> None:
     global _monitor
     if _monitor is not None:
         dispatch.unsubscribe(_monitor.observe)
-        hooks.watch_compiles(None)
+        bridge.watch_compiles(None)
         _monitor = None
 
 
@@ -491,9 +474,9 @@ def last_record() -> dispatch.DispatchRecord | None:
 
 
 def first_report(record: dispatch.DispatchRecord) -> None:
-    """Called with the first record of the process (dispatch.install_jit_monitor): install,
-    then hand the record on, since the report that brought it started before the monitor
-    subscribed."""
+    """Called with the first record of the process (subscribed when this module is imported):
+    install, then hand the record on, since the report that brought it started before the
+    monitor subscribed."""
     settings()
     monitor = _monitor
     if monitor is not None:
@@ -505,9 +488,9 @@ def first_report(record: dispatch.DispatchRecord) -> None:
 
 def kernels_cached(launch: Callable[[], object]) -> bool:
     """Whether the cache holds every FlyDSL kernel `launch()` launches. The launches are only
-    named (hooks.name_launches): nothing compiles or runs, and what they return is None. A
+    named (bridge.name_launches): nothing compiles or runs, and what they return is None. A
     kernel whose disk cache is off counts as held: there is nothing to fall back from."""
-    with hooks.name_launches() as named:
+    with bridge.name_launches() as named:
         launch()
     return all(request.exists() or not request.cache_dir for request in named)
 
@@ -569,3 +552,7 @@ def note_fallback(
         ENV_FALLBACK,
         differs,
     )
+
+
+# The first report of the process installs the monitor; dispatch itself imports nothing of it.
+dispatch.subscribe(first_report)

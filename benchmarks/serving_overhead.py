@@ -36,10 +36,10 @@ ROWS = [  # one tile: split-K 4 serves M 1-32, no split M 33-64
 
 CALLS = textwrap.dedent("""
     import json, sys, time, torch
-    from aiter.aot.flydsl import hooks
+    from aiter import flydsl_bridge as bridge
     from aiter.aot.flydsl.dry_run import dry_run
     from aiter.ops.gemm.entry import gemm_a16w16
-    with dry_run("gfx942", 304, hooks.MODE_COMPILE):
+    with dry_run("gfx942", 304, bridge.MODE_COMPILE):
         a = torch.empty((32, 4096), dtype=torch.bfloat16, device="cuda")
         b = torch.empty((4096, 4096), dtype=torch.bfloat16, device="cuda")
         start = time.perf_counter()

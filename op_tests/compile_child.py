@@ -28,17 +28,17 @@ def linker_rocm_path(shim_root: Path) -> str:
 def compile_env(arch: str, rocm_path: str, cache: Path, dump: Path | None = None) -> dict:
     """The environment of a compile-only child for `arch`; `dump` turns on FlyDSL's ISA listing
     (which also turns off its disk cache)."""
-    from aiter.aot.flydsl import hooks
+    from aiter import flydsl_bridge as bridge
 
     env = dict(os.environ)
     env.pop("FLYDSL_DEBUG_DUMP_ASM", None)
     env.pop("FLYDSL_DUMP_DIR", None)
-    env.update(hooks.target_env(arch))
+    env.update(bridge.target_env(arch))
     env.update(
         ROCM_PATH=rocm_path,
         PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
     )
-    env[hooks.ENV_CACHE_DIR] = str(cache)
+    env[bridge.ENV_CACHE_DIR] = str(cache)
     if dump is not None:
         env.update(FLYDSL_DEBUG_DUMP_ASM="1", FLYDSL_DUMP_DIR=str(dump))
     return env
@@ -82,7 +82,7 @@ del os.environ["FLYDSL_DEBUG_DUMP_ASM"], os.environ["FLYDSL_DUMP_DIR"]
 # artifacts are compiled again and written.
 built = []
 for cfg in configs:
-    with dry_run(arch, 304, hooks.MODE_COMPILE) as requests:
+    with dry_run(arch, 304, bridge.MODE_COMPILE) as requests:
         seconds = launch(cfg, "cuda")
     built.append({"entries": [[r.function, str(r.path)] for r in requests], "seconds": seconds})
 print(json.dumps({"listed": listed, "built": built}))

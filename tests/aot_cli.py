@@ -108,10 +108,10 @@ def observed_calls_script(arch: str, cu_num: int, body: str) -> str:
         import json, logging, torch
         import aiter
         from aiter import device, dispatch
-        from aiter.aot.flydsl import hooks
+        from aiter import flydsl_bridge as bridge
         from aiter.aot.flydsl.dry_run import dry_run
         logging.basicConfig(format="LOG %(name)s %(levelname)s %(message)s")
-        with dispatch.observe() as records, dry_run("{arch}", {cu_num}, hooks.MODE_COMPILE):
+        with dispatch.observe() as records, dry_run("{arch}", {cu_num}, bridge.MODE_COMPILE):
         """)
     epilogue = 'print("RESULT " + json.dumps([[r.kernel, r.params] for r in records]))\n'
     return prologue + textwrap.indent(textwrap.dedent(body), "    ") + epilogue

@@ -6,7 +6,7 @@ Declare a table once with `TableSpec`; `spec.load()` merges and validates it, `l
 from .errors import TableError
 from .kinds import Column
 from .row import Row
-from .spec import CONFIG_DIR, CONFIG_DIR_ENV, BucketAxis, TableSpec
+from .spec import CONFIG_DIR, CONFIG_DIR_ENV, BucketAxis, TableSpec, find_spec
 from .table import TunedTable, load_table
 
 __all__ = [
@@ -18,5 +18,6 @@ __all__ = [
     "TableError",
     "TableSpec",
     "TunedTable",
+    "find_spec",
     "load_table",
 ]

@@ -57,6 +57,10 @@ class TableSpec:
     directory: Path | None = None  # where the default file lives; None: AITER_CONFIG_DIR or configs
     # Rows this library cannot serve, by cell text: column -> texts (validated, then dropped).
     exclude: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    aot_module: str = ""  # the AOT module that replays it (`--module`), for messages
+
+    def __post_init__(self) -> None:
+        _SPECS[self.short_name] = self
 
     def __hash__(self) -> int:
         return hash((self.name, self.env_var))
@@ -98,6 +102,15 @@ class TableSpec:
 
     def row_axis_value(self, row: Row) -> int:
         return row.int(self.axis.column)
+
+
+_SPECS: dict[str, TableSpec] = {}  # every spec declared in this process, by short name
+
+
+def find_spec(short_name: str) -> TableSpec | None:
+    """The spec declared with `short_name` (the one a dispatch record names), None when no
+    module of this process declared it."""
+    return _SPECS.get(short_name)
 
 
 @functools.cache

@@ -13,7 +13,7 @@ import torch
 
 import aiter
 from aiter import dispatch
-from aiter.aot.flydsl import hooks
+from aiter import flydsl_bridge as bridge
 from aiter.aot.flydsl.dry_run import dry_run
 from aiter.ops.conv3d import entry
 from aiter.ops.conv3d import plan as config
@@ -118,7 +118,7 @@ def test_equivalent_choices_try_other_splits_then_the_heuristic():
 
 
 def run_conv(make, arch=("gfx942", 80), **kwargs):
-    with dry_run(*arch, hooks.MODE_NAME) as requests, dispatch.observe() as records:
+    with dry_run(*arch, bridge.MODE_NAME) as requests, dispatch.observe() as records:
         x, w, b = make()
         out = aiter.conv3d(x, w, b, **kwargs)
     return out, [r.function for r in requests], records
@@ -170,7 +170,7 @@ def test_weights_are_packed_once_per_tensor(table, monkeypatch):
     calls = []
     real = kernels.pack_conv3d_weight
     monkeypatch.setattr(kernels, "pack_conv3d_weight", lambda w, g: calls.append(w) or real(w, g))
-    with dry_run("gfx942", 80, hooks.MODE_NAME):
+    with dry_run("gfx942", 80, bridge.MODE_NAME):
         x, w, b = tensors()()
         aiter.conv3d(x, w, b, padding=1)
         aiter.conv3d(x, w, b, padding=1)

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiter.aot.flydsl import hooks
+from aiter import flydsl_bridge as bridge
 from aiter.aot.flydsl.dry_run import dry_run
 from aiter.ops.conv3d.kernels import implicit_gemm as cv
 from aiter.ops.conv3d.kernels import implicit_gemm_index as ix
@@ -339,7 +339,7 @@ def test_torch_padded_input_both_layouts(c: int, groups: int) -> None:
 
 
 def test_torch_paths_work_on_fake_tensors_in_the_dry_run() -> None:
-    with dry_run("gfx942", 304, hooks.MODE_NAME) as requests:
+    with dry_run("gfx942", 304, bridge.MODE_NAME) as requests:
         weight = torch.empty(8, 5, 3, 3, 3, dtype=torch.bfloat16, device="cuda")
         packed = cv.pack_conv3d_weight(weight, 2)
         assert tuple(packed.shape) == (8, 27 * 16) and packed.is_contiguous()
@@ -748,7 +748,7 @@ def test_pretranspose_supported() -> None:
 
 def _named_requests(geo, split_k: int, layout: str, with_bias: bool = True) -> list:
     """The kernels a launch on FakeTensors asks for in a gfx942 dry run (nothing compiles)."""
-    with dry_run("gfx942", 304, hooks.MODE_NAME) as requests:
+    with dry_run("gfx942", 304, bridge.MODE_NAME) as requests:
 
         def empty(shape, dtype=torch.bfloat16):
             return torch.empty(shape, dtype=dtype, device="cuda")
@@ -816,7 +816,7 @@ _CHILD = """
 import json, os, shutil, sys, time
 from pathlib import Path
 import torch
-from aiter.aot.flydsl import hooks
+from aiter import flydsl_bridge as bridge
 from aiter.aot.flydsl.dry_run import dry_run
 from aiter.ops.conv3d.kernels import implicit_gemm as cv
 
@@ -878,8 +878,7 @@ def test_one_cache_entry_per_kernel(compiled: dict) -> None:
 
 @pytest.mark.slow
 def test_code_objects_target_the_arch(compiled: dict) -> None:
-    from aiter.aot.flydsl import elf
-    from aiter.aot.flydsl.hooks import extract_code_objects
+    from aiter.flydsl_bridge import elf, extract_code_objects
 
     for built in compiled["built"]:
         for _, path in built["entries"]:
@@ -894,8 +893,7 @@ def test_code_objects_target_the_arch(compiled: dict) -> None:
 def test_disassembly_uses_the_arch_mma(compiled: dict) -> None:
     """llvm-objdump, where an installed one knows the arch, finds the MMA in the conv kernel
     only."""
-    from aiter.aot.flydsl import elf
-    from aiter.aot.flydsl.hooks import extract_code_objects
+    from aiter.flydsl_bridge import elf, extract_code_objects
 
     arch, mma = compiled["arch"], compiled["mma"]
     other = "v_wmma" if mma == "mfma" else "v_mfma"

@@ -11,7 +11,7 @@ import torch
 
 import aiter
 from aiter import dispatch
-from aiter.aot.flydsl import hooks
+from aiter import flydsl_bridge as bridge
 from aiter.aot.flydsl.dry_run import dry_run
 from aiter.ops.fmha_fp8 import plan
 from aiter.ops.fmha_fp8.kernels.flash_attn import BLOCK_N
@@ -103,7 +103,7 @@ def test_equivalent_choices_change_the_block_then_the_rescale_then_the_split():
 
 
 def attend(b, sq, sk, *, hq=8, hkv=1, d=128, dv=128, varlen=False, **kwargs):
-    with dry_run("gfx942", 304, hooks.MODE_NAME) as requests, dispatch.observe() as records:
+    with dry_run("gfx942", 304, bridge.MODE_NAME) as requests, dispatch.observe() as records:
 
         def empty(shape, dtype=FNUZ):
             return torch.empty(shape, dtype=dtype, device="cuda")

@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from aiter.aot.flydsl import hooks
+from aiter import flydsl_bridge as bridge
 from aiter.aot.flydsl.dry_run import dry_run
 from aiter.ops.fmha_fp8.kernels import flash_attn as fa
 from aiter.ops.fmha_fp8.kernels import flash_attn_index as ix
@@ -716,7 +716,7 @@ def test_launch_rejects_bad_arguments(varlen, change, error, message) -> None:
 
 def _named_requests(varlen: bool, **changes) -> list:
     """The kernels a launch on FakeTensors asks for in a gfx942 dry run (nothing compiles)."""
-    with dry_run("gfx942", 304, hooks.MODE_NAME) as requests:
+    with dry_run("gfx942", 304, bridge.MODE_NAME) as requests:
         b, sq, sk = changes.pop("shape", (2, 33, 40))
         hq, hkv = changes.pop("heads", (4, 2))
         d, dv = changes.pop("dims", (128, 128))
@@ -796,7 +796,7 @@ _CHILD = """
 import json, os, shutil, sys, time
 from pathlib import Path
 import torch
-from aiter.aot.flydsl import hooks
+from aiter import flydsl_bridge as bridge
 from aiter.aot.flydsl.dry_run import dry_run
 from aiter.ops.fmha_fp8.kernels import flash_attn as fa
 
@@ -865,8 +865,7 @@ def test_one_cache_entry_per_kernel(compiled: dict) -> None:
 
 @pytest.mark.slow
 def test_code_objects_target_the_arch(compiled: dict) -> None:
-    from aiter.aot.flydsl import elf
-    from aiter.aot.flydsl.hooks import extract_code_objects
+    from aiter.flydsl_bridge import elf, extract_code_objects
 
     for built in compiled["built"]:
         for _, path in built["entries"]:
@@ -881,8 +880,7 @@ def test_code_objects_target_the_arch(compiled: dict) -> None:
 def test_disassembly_uses_the_arch_mma(compiled: dict) -> None:
     """llvm-objdump, where an installed one knows the arch, finds the fp8 MMA in the forward
     kernel only."""
-    from aiter.aot.flydsl import elf
-    from aiter.aot.flydsl.hooks import extract_code_objects
+    from aiter.flydsl_bridge import elf, extract_code_objects
 
     arch, mma = compiled["arch"], compiled["mma"]
     other = "v_wmma" if mma == "mfma" else "v_mfma"

@@ -13,7 +13,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from aiter import dispatch
-from aiter.aot.flydsl import hooks
+from aiter import flydsl_bridge as bridge
 from aiter.aot.flydsl.dry_run import dry_run
 from aiter.ops.gemm import plan as gemm_plan
 from aiter.ops.gemm.entry import gemm_a16w16
@@ -201,7 +201,7 @@ def run():
     """gemm_a16w16 on fakes in a gfx942 naming dry run; returns (out, records, requests)."""
 
     def call(m, n, k, dtype=BF16, bias_dtype=None, out_dtype=None, cu_num=304):
-        with dry_run("gfx942", cu_num, hooks.MODE_NAME) as requests, dispatch.observe() as records:
+        with dry_run("gfx942", cu_num, bridge.MODE_NAME) as requests, dispatch.observe() as records:
             a = torch.empty(m, k, dtype=dtype, device="cuda")
             b = torch.empty(n, k, dtype=dtype, device="cuda")
             bias = None if bias_dtype is None else torch.empty(n, dtype=bias_dtype, device="cuda")
@@ -483,7 +483,7 @@ CASES = [
 
 @pytest.mark.parametrize("make, kwargs, error, message", CASES)
 def test_validation_errors_name_the_argument(make, kwargs, error, message) -> None:
-    with dry_run("gfx942", 304, hooks.MODE_NAME) as requests, dispatch.observe() as records:
+    with dry_run("gfx942", 304, bridge.MODE_NAME) as requests, dispatch.observe() as records:
         a, b = make()
         kwargs = {k: (v() if callable(v) else v) for k, v in kwargs.items()}
         with pytest.raises(error) as info:

@@ -473,8 +473,7 @@ def test_one_cache_entry_per_specialization(compiled: dict) -> None:
 
 @pytest.mark.slow
 def test_code_objects_target_the_arch(compiled: dict) -> None:
-    from aiter.aot.flydsl import elf
-    from aiter.aot.flydsl.hooks import extract_code_objects
+    from aiter.flydsl_bridge import elf, extract_code_objects
 
     for entry in compiled["main"] + compiled["reduce"]:
         codes = extract_code_objects(entry)
@@ -486,8 +485,7 @@ def test_code_objects_target_the_arch(compiled: dict) -> None:
 
 @pytest.mark.slow
 def test_disassembly_uses_the_arch_mma(compiled: dict) -> None:
-    from aiter.aot.flydsl import elf
-    from aiter.aot.flydsl.hooks import extract_code_objects
+    from aiter.flydsl_bridge import elf, extract_code_objects
 
     arch = compiled["arch"]
     mma_prefix = "v_mfma_f32_16x16x16" if compiled["mma"] == "mfma" else "v_wmma_f32_16x16x32"

@@ -14,7 +14,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 import aiter
 from aiter import device, dispatch
-from aiter.aot.flydsl import hooks
+from aiter import flydsl_bridge as bridge
 from aiter.aot.flydsl.dry_run import dry_run
 from aiter.ops.gemm import entry as entries
 from aiter.ops.gemm import plan as config
@@ -263,7 +263,7 @@ def run(monkeypatch):
 
     def call(entry, make_args, *shape, q=FNUZ, out_dtype=BF16):
         launches.clear()
-        with dry_run("gfx942", 304, hooks.MODE_NAME) as requests, dispatch.observe() as records:
+        with dry_run("gfx942", 304, bridge.MODE_NAME) as requests, dispatch.observe() as records:
             out = entry(*make_args(*shape, q=q), out_dtype)
             assert isinstance(out, FakeTensor)
             assert out.device == torch.device("cuda", 0)
@@ -720,7 +720,7 @@ BS_CASES = [
     + [pytest.param("gemm_a8w8_blockscale", *p.values, id=f"blockscale-{p.id}") for p in BS_CASES],
 )
 def test_validation_errors_name_the_argument(entry, make, kwargs, error, message) -> None:
-    with dry_run("gfx942", 304, hooks.MODE_NAME) as requests, dispatch.observe() as records:
+    with dry_run("gfx942", 304, bridge.MODE_NAME) as requests, dispatch.observe() as records:
         args = make()
         with pytest.raises(error) as info:
             getattr(aiter, entry)(*args, **kwargs)
@@ -1015,5 +1015,5 @@ def test_kernel_names_with_leading_zeros_are_refused(name: str) -> None:
 @pytest.mark.parametrize("entry", [entries.gemm_a8w8_bpreshuffle, entries.gemm_a8w8_blockscale])
 def test_non_tensor_inputs_are_type_errors(entry) -> None:
     expected = pytest.raises(TypeError, match="^XQ must be a torch.Tensor, got list$")
-    with dry_run("gfx942", 304, hooks.MODE_NAME), expected:
+    with dry_run("gfx942", 304, bridge.MODE_NAME), expected:
         entry([[0]], None, None, None)

@@ -797,8 +797,7 @@ def test_semaphore_dtype_changes_the_kernel_key(compiled: dict) -> None:
 
 @pytest.mark.slow
 def test_code_objects_target_the_arch(compiled: dict) -> None:
-    from aiter.aot.flydsl import elf
-    from aiter.aot.flydsl.hooks import extract_code_objects
+    from aiter.flydsl_bridge import elf, extract_code_objects
 
     for result in compiled["results"]:
         codes = extract_code_objects(result["entries"][0])
@@ -833,8 +832,7 @@ def test_isa_listing_uses_the_expected_mma(listed: dict) -> None:
 @pytest.mark.slow
 def test_gfx942_disassembly(compiled: dict) -> None:
     """llvm-objdump (LLVM 19 knows gfx942) agrees with the listing on the MMA instruction."""
-    from aiter.aot.flydsl import elf
-    from aiter.aot.flydsl.hooks import extract_code_objects
+    from aiter.flydsl_bridge import elf, extract_code_objects
 
     if compiled["arch"] != "gfx942":
         pytest.skip("the installed llvm-objdump disassembles gfx942 only")

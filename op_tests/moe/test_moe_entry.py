@@ -13,7 +13,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import aiter
 from aiter import device, dispatch
-from aiter.aot.flydsl import hooks
+from aiter import flydsl_bridge as bridge
 from aiter.aot.flydsl.dry_run import dry_run
 from aiter.ops.moe import host_planner as moe_host
 from aiter.ops.moe import plan as moe_plan
@@ -41,7 +41,7 @@ def moe_args(tokens: int, *, local: int = 8, dtype=BF16, model_dim=2048, inter=2
 def run_moe(tokens: int, arch=("gfx942", 304), args=None, tensors=None, **kwargs):
     """fused_moe in a naming dry run: (functions launched, their params, the dispatch record).
     `args` and `tensors` (keyword tensors) are made inside the dry run, where "cuda" is fake."""
-    with dry_run(*arch, hooks.MODE_NAME) as requests, dispatch.observe() as records:
+    with dry_run(*arch, bridge.MODE_NAME) as requests, dispatch.observe() as records:
         args = args() if args else moe_args(tokens)
         kwargs.update(tensors() if tensors else {})
         out = aiter.fused_moe(*args, **kwargs)
@@ -112,7 +112,7 @@ def test_fused_topk_errors_name_the_argument(hidden, gating, topk, message):
 
 
 def test_moe_sorting_allocates_aiters_buffers():
-    with dry_run("gfx942", 304, hooks.MODE_NAME) as requests:
+    with dry_run("gfx942", 304, bridge.MODE_NAME) as requests:
         ids = empty((5, 2), torch.int32)
         out = aiter.moe_sorting(ids, empty((5, 2), torch.float32), 8, 256, BF16, 32)
     sorted_ids, sorted_weights, sorted_experts, num_valid, moe_buf = out
@@ -135,7 +135,7 @@ def test_moe_sorting_allocates_aiters_buffers():
     ],
 )
 def test_moe_sorting_errors_name_the_argument(change, error, message):
-    with dry_run("gfx942", 304, hooks.MODE_NAME), pytest.raises(error, match=message):
+    with dry_run("gfx942", 304, bridge.MODE_NAME), pytest.raises(error, match=message):
         ids = empty((5, 2), change.get("ids_dtype", torch.int32))
         mask = empty(change["mask"], torch.int32) if "mask" in change else None
         aiter.moe_sorting(

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from aiter import device
-from aiter.aot.flydsl import hooks
+from aiter import flydsl_bridge as bridge
 from aiter.aot.flydsl.dry_run import dry_run
 from aiter.ops.moe import host_planner as moe_host
 
@@ -337,7 +337,7 @@ def test_ops_run_for_real_under_fake_tensor_mode():
 
 
 def test_ops_run_inside_a_dry_run():
-    with dry_run("gfx942", 304, hooks.MODE_NAME):
+    with dry_run("gfx942", 304, bridge.MODE_NAME):
         hidden = torch.empty(300, 2048, dtype=torch.bfloat16, device="cuda")
         assert isinstance(hidden, FakeTensor)
         tokens, cu_num = hidden.shape[0], device.cu_num()

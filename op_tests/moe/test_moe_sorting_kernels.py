@@ -662,8 +662,7 @@ def test_one_cache_entry_per_flag_combination(compiled: dict) -> None:
 
 @pytest.mark.slow
 def test_code_objects_target_the_arch(compiled: dict) -> None:
-    from aiter.aot.flydsl import elf
-    from aiter.aot.flydsl.hooks import extract_code_objects
+    from aiter.flydsl_bridge import elf, extract_code_objects
 
     for entries in compiled["entries"].values():
         for entry in entries:

@@ -887,8 +887,7 @@ def test_one_cache_entry_per_kernel(compiled: dict) -> None:
 
 @pytest.mark.slow
 def test_code_objects_target_the_arch(compiled: dict) -> None:
-    from aiter.aot.flydsl import elf
-    from aiter.aot.flydsl.hooks import extract_code_objects
+    from aiter.flydsl_bridge import elf, extract_code_objects
 
     for result in compiled["results"]:
         for entry in result["entries"]:
@@ -902,8 +901,7 @@ def test_code_objects_target_the_arch(compiled: dict) -> None:
 @pytest.mark.slow
 def test_gfx942_disassembly(compiled: dict) -> None:
     """llvm-objdump (LLVM 19 knows gfx942) finds the MMA in the GEMM kernels' code objects."""
-    from aiter.aot.flydsl import elf
-    from aiter.aot.flydsl.hooks import extract_code_objects
+    from aiter.flydsl_bridge import elf, extract_code_objects
 
     if compiled["arch"] != "gfx942":
         pytest.skip("the installed llvm-objdump disassembles gfx942 only (see the ISA listing)")

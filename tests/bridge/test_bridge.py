@@ -1,4 +1,4 @@
-"""Tests of aiter.aot.flydsl.hooks: the FlyDSL internals the replay relies on, and what the
+"""Tests of aiter.flydsl_bridge: the FlyDSL internals the replay relies on, and what the
 naming and compile modes record and write, with the tiny real kernel in tests/fixtures.
 
 Replays run in fresh processes (tests/fixtures/replay_scale.py): FlyDSL binds a jit
@@ -18,14 +18,14 @@ from pathlib import Path
 import flydsl
 import pytest
 
-from aiter.aot.flydsl import hooks
-from aiter.aot.flydsl.hooks import KernelRequest, ReplayHookBroken
+from aiter import flydsl_bridge as bridge
+from aiter.flydsl_bridge import KernelRequest, ReplayHookBroken
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "fixtures" / "replay_scale.py"
-JCM = hooks._jf.JitCacheManager
-JF = hooks._jf.JitFunction
-JIT = hooks._jf
+JCM = bridge.jit_function().JitCacheManager
+JF = bridge.jit_function().JitFunction
+JIT = bridge.jit_function()
 
 
 def run_replay(tmp: Path, phases: str, blocks: str) -> dict:
@@ -59,11 +59,11 @@ def run_replay(tmp: Path, phases: str, blocks: str) -> dict:
 
 
 def test_written_against_the_installed_flydsl() -> None:
-    assert hooks.flydsl_version() == flydsl.__version__ == hooks.TESTED_FLYDSL
+    assert bridge.flydsl_version() == flydsl.__version__ == bridge.TESTED_FLYDSL
 
 
 def test_self_test_passes_on_installed_flydsl() -> None:
-    assert hooks.self_test() is None
+    assert bridge.self_test() is None
 
 
 @pytest.mark.parametrize(
@@ -74,35 +74,39 @@ def test_self_test_passes_on_installed_flydsl() -> None:
         (JCM, "_safe_key", "JitCacheManager._safe_key"),
         (JF, "_compile_or_execute", "JitFunction._compile_or_execute"),
         (JF, "_ensure_sig", "JitFunction._ensure_sig"),
-        (hooks._jf, "_build_call_state", "flydsl.compiler.jit_function._build_call_state"),
-        (hooks._jf, "JitFunction", "flydsl.compiler.jit_function.JitFunction"),
+        (
+            bridge.jit_function(),
+            "_build_call_state",
+            "flydsl.compiler.jit_function._build_call_state",
+        ),
+        (bridge.jit_function(), "JitFunction", "flydsl.compiler.jit_function.JitFunction"),
     ],
 )
 def test_missing_internal_is_named(monkeypatch, owner, name: str, label: str) -> None:
     monkeypatch.delattr(owner, name)
     with pytest.raises(ReplayHookBroken) as info:
-        hooks.self_test()
+        bridge.self_test()
     message = str(info.value)
     assert f"moved internals the AOT replay uses: {label} " in message
     assert f"flydsl {flydsl.__version__}" in message
-    assert f"written against {hooks.TESTED_FLYDSL}" in message
-    assert message.endswith("update aiter/aot/flydsl/hooks.py")
+    assert f"written against {bridge.TESTED_FLYDSL}" in message
+    assert message.endswith("update aiter/flydsl_bridge")
 
 
 def test_every_missing_internal_is_named(monkeypatch) -> None:
     monkeypatch.delattr(JCM, "get")
     monkeypatch.delattr(JF, "_ensure_cache_manager")
     with pytest.raises(ReplayHookBroken, match=r"JitCacheManager\.get, JitFunction\._ensure_cache"):
-        hooks.self_test()
+        bridge.self_test()
 
 
 def test_changed_signature_is_named(monkeypatch) -> None:
     monkeypatch.setattr(JCM, "get", lambda self, key: None)
     with pytest.raises(ReplayHookBroken) as info:
-        hooks.self_test()
+        bridge.self_test()
     assert str(info.value) == (
         f"flydsl {flydsl.__version__}: JitCacheManager.get takes ['self', 'key'], the replay "
-        "expects ['self', 'cache_key']; update aiter/aot/flydsl/hooks.py"
+        "expects ['self', 'cache_key']; update aiter/flydsl_bridge"
     )
 
 
@@ -112,7 +116,7 @@ def test_changed_compile_or_execute_signature(monkeypatch) -> None:
 
     monkeypatch.setattr(JF, "_compile_or_execute", moved)
     with pytest.raises(ReplayHookBroken) as info:
-        hooks.self_test()
+        bridge.self_test()
     assert (
         "JitFunction._compile_or_execute takes ['self', 'bound_args', 'keyword-only execute'],"
         in str(info.value)
@@ -125,22 +129,22 @@ def test_variadic_compile_or_execute_is_a_changed_signature(monkeypatch) -> None
 
     monkeypatch.setattr(JF, "_compile_or_execute", moved)
     with pytest.raises(ReplayHookBroken, match="'variadic positional args'"):
-        hooks.self_test()
+        bridge.self_test()
 
 
 def test_changed_entry_names(monkeypatch) -> None:
     monkeypatch.setattr(JCM, "_safe_key", staticmethod(lambda key: "x" * 64))
     with pytest.raises(ReplayHookBroken, match="cache entry names changed"):
-        hooks.self_test()
+        bridge.self_test()
 
 
 def test_record_launches_runs_self_test_and_patches_nothing_when_broken(monkeypatch) -> None:
-    hooks._self_test_once.cache_clear()  # a process checks once; this test needs a fresh check
+    bridge.self_test_once.cache_clear()  # a process checks once; this test needs a fresh check
     monkeypatch.delattr(JCM, "compile_lock")
     get = JCM.get
     with (
         pytest.raises(ReplayHookBroken, match="JitCacheManager.compile_lock"),
-        hooks.record_launches(hooks.MODE_NAME),
+        bridge.record_launches(bridge.MODE_NAME),
     ):
         pass
     assert JCM.get is get
@@ -148,7 +152,7 @@ def test_record_launches_runs_self_test_and_patches_nothing_when_broken(monkeypa
 
 def test_record_launches_restores_what_it_patched() -> None:
     originals = (JCM.get, JCM.compile_lock, JF._compile_or_execute)
-    with hooks.record_launches(hooks.MODE_COMPILE) as requests:
+    with bridge.record_launches(bridge.MODE_COMPILE) as requests:
         assert (JCM.get, JCM.compile_lock, JF._compile_or_execute) != originals
         assert requests == []
     assert (JCM.get, JCM.compile_lock, JF._compile_or_execute) == originals
@@ -157,7 +161,7 @@ def test_record_launches_restores_what_it_patched() -> None:
 def test_record_launches_refuses_unknown_mode() -> None:
     with (
         pytest.raises(ValueError, match="mode must be 'name' or 'compile', got 'list'"),
-        hooks.record_launches("list"),
+        bridge.record_launches("list"),
     ):
         pass
 
@@ -271,7 +275,7 @@ def test_keys_are_stable_across_processes(named, compiled) -> None:
 
 def test_compiled_entry_holds_a_gfx942_code_object(compiled) -> None:
     path = compiled[1]["phases"][0]["requests"][0]["path"]
-    codes = hooks.extract_code_objects(path)
+    codes = bridge.extract_code_objects(path)
     assert len(codes) == 1
     code = codes[0]
     assert code[:4] == b"\x7fELF"
@@ -294,8 +298,7 @@ def run_python(code: str) -> str:
 
 def test_importing_hooks_imports_neither_torch_nor_flydsl() -> None:
     code = (
-        "import aiter.aot.flydsl.hooks, sys; "
-        "print('torch' in sys.modules, 'flydsl' in sys.modules)"
+        "import aiter.flydsl_bridge, sys; " "print('torch' in sys.modules, 'flydsl' in sys.modules)"
     )
     assert run_python(code) == "False False"
 
@@ -303,32 +306,30 @@ def test_importing_hooks_imports_neither_torch_nor_flydsl() -> None:
 def test_light_helpers_import_neither_torch_nor_flydsl() -> None:
     code = (
         "import sys\n"
-        "from aiter.aot.flydsl import hooks\n"
-        "hooks.cache_dir_from_env(); hooks.default_cache_dir(); hooks.target_env('gfx950')\n"
-        "print(hooks.flydsl_version(), 'torch' in sys.modules, 'flydsl' in sys.modules)"
+        "from aiter import flydsl_bridge as bridge\n"
+        "bridge.cache_dir_from_env(); bridge.default_cache_dir(); bridge.target_env('gfx950')\n"
+        "print(bridge.flydsl_version(), 'torch' in sys.modules, 'flydsl' in sys.modules)"
     )
     assert run_python(code) == f"{flydsl.__version__} False False"
 
 
-def test_jf_is_flydsls_jit_function_module() -> None:
+def test_jit_function_is_flydsls_jit_function_module() -> None:
     from flydsl.compiler import jit_function
 
-    assert hooks._jf is jit_function
-    with pytest.raises(AttributeError, match="has no attribute 'nothing'"):
-        hooks.nothing  # noqa: B018
+    assert bridge.jit_function() is jit_function
 
 
 def test_key_env_vars_are_flydsls() -> None:
     per_arch = [n for names in JIT._TARGET_CACHE_INVALIDATING_ENV_VARS.values() for n in names]
     flydsl_vars = (*JIT._CACHE_INVALIDATING_ENV_VARS, *per_arch)
-    assert flydsl_vars == hooks.KEY_ENV_VARS
-    assert "LLVM_GFX1250_ANY_XNACK_CODEGEN" in hooks.KEY_ENV_VARS
-    assert hooks.ENV_CACHE_DIR not in hooks.KEY_ENV_VARS
+    assert flydsl_vars == bridge.KEY_ENV_VARS
+    assert "LLVM_GFX1250_ANY_XNACK_CODEGEN" in bridge.KEY_ENV_VARS
+    assert bridge.ENV_CACHE_DIR not in bridge.KEY_ENV_VARS
 
 
 def test_cache_dir_from_env_honours_the_variable() -> None:
-    assert hooks.cache_dir_from_env({"FLYDSL_RUNTIME_CACHE_DIR": "/x/cache"}) == "/x/cache"
-    assert hooks.cache_dir_from_env({"FLYDSL_RUNTIME_CACHE_DIR": "rel"}) == "rel"
+    assert bridge.cache_dir_from_env({"FLYDSL_RUNTIME_CACHE_DIR": "/x/cache"}) == "/x/cache"
+    assert bridge.cache_dir_from_env({"FLYDSL_RUNTIME_CACHE_DIR": "rel"}) == "rel"
 
 
 def test_cache_dir_from_env_falls_back_to_flydsls_default(monkeypatch) -> None:
@@ -337,22 +338,22 @@ def test_cache_dir_from_env_falls_back_to_flydsls_default(monkeypatch) -> None:
     monkeypatch.delenv("FLYDSL_RUNTIME_CACHE_DIR", raising=False)
     expected = str(runtime.cache_dir)
     assert expected == str(Path.home() / ".flydsl" / "cache")
-    assert hooks.cache_dir_from_env({}) == expected
-    assert hooks.cache_dir_from_env({"FLYDSL_RUNTIME_CACHE_DIR": ""}) == expected
-    assert hooks.cache_dir_from_env() == expected
-    assert hooks.default_cache_dir() == expected
+    assert bridge.cache_dir_from_env({}) == expected
+    assert bridge.cache_dir_from_env({"FLYDSL_RUNTIME_CACHE_DIR": ""}) == expected
+    assert bridge.cache_dir_from_env() == expected
+    assert bridge.default_cache_dir() == expected
 
 
 def test_cache_dir_from_env_reads_os_environ_by_default(monkeypatch, tmp_path) -> None:
     from flydsl.utils.env import runtime
 
     monkeypatch.setenv("FLYDSL_RUNTIME_CACHE_DIR", str(tmp_path))
-    assert hooks.cache_dir_from_env() == str(tmp_path) == runtime.cache_dir
-    assert hooks.default_cache_dir() == str(tmp_path)
+    assert bridge.cache_dir_from_env() == str(tmp_path) == runtime.cache_dir
+    assert bridge.default_cache_dir() == str(tmp_path)
 
 
 def test_target_env_sets_the_three_variables() -> None:
-    assert hooks.target_env("gfx950") == {
+    assert bridge.target_env("gfx950") == {
         "ARCH": "gfx950",
         "FLYDSL_GPU_ARCH": "gfx950",
         "COMPILE_ONLY": "1",
@@ -362,30 +363,30 @@ def test_target_env_sets_the_three_variables() -> None:
 def test_target_env_makes_flydsl_target_the_arch(monkeypatch) -> None:
     from flydsl.utils.env import compile as compile_env
 
-    for name, value in hooks.target_env("gfx1250").items():
+    for name, value in bridge.target_env("gfx1250").items():
         monkeypatch.setenv(name, value)
-    assert hooks.flydsl_target_arch() == "gfx1250"
+    assert bridge.flydsl_target_arch() == "gfx1250"
     assert compile_env.arch == "gfx1250"
     assert compile_env.compile_only is True
 
 
 def test_self_test_catches_a_new_key_variable(monkeypatch) -> None:
-    monkeypatch.setattr(JIT, "_CACHE_INVALIDATING_ENV_VARS", (*hooks.KEY_ENV_VARS[:-1], "NEW"))
+    monkeypatch.setattr(JIT, "_CACHE_INVALIDATING_ENV_VARS", (*bridge.KEY_ENV_VARS[:-1], "NEW"))
     with pytest.raises(ReplayHookBroken, match=r"folds .*'NEW'.* into its cache keys"):
-        hooks.self_test()
+        bridge.self_test()
 
 
 def test_self_test_catches_a_new_per_arch_key_variable(monkeypatch) -> None:
     per_arch = {"gfx1250": ("LLVM_GFX1250_ANY_XNACK_CODEGEN",), "gfx950": ("GFX950_FLAG",)}
     monkeypatch.setattr(JIT, "_TARGET_CACHE_INVALIDATING_ENV_VARS", per_arch)
     with pytest.raises(ReplayHookBroken, match="GFX950_FLAG"):
-        hooks.self_test()
+        bridge.self_test()
 
 
 def test_self_test_names_moved_key_variables(monkeypatch) -> None:
     monkeypatch.delattr(JIT, "_TARGET_CACHE_INVALIDATING_ENV_VARS")
     with pytest.raises(ReplayHookBroken) as info:
-        hooks.self_test()
+        bridge.self_test()
     assert (
         "moved internals the AOT replay uses: "
         "flydsl.compiler.jit_function._TARGET_CACHE_INVALIDATING_ENV_VARS "
@@ -398,7 +399,7 @@ def test_self_test_catches_a_moved_default_cache_dir(monkeypatch) -> None:
     option = type(env.runtime).__dict__["cache_dir"]
     monkeypatch.setattr(option, "default", "/var/cache/flydsl")
     with pytest.raises(ReplayHookBroken, match="default cache directory is '/var/cache/flydsl'"):
-        hooks.self_test()
+        bridge.self_test()
 
 
 @pytest.mark.parametrize(
@@ -417,14 +418,14 @@ def test_self_test_catches_a_renamed_variable(monkeypatch, manager, attr, variab
     assert option.env_var == variable
     monkeypatch.setattr(option, "env_var", "RENAMED")
     with pytest.raises(ReplayHookBroken, match=f"reads 'RENAMED', aiter sets '{variable}'"):
-        hooks.self_test()
+        bridge.self_test()
 
 
 def test_extract_code_objects_does_not_import_flydsl(compiled) -> None:
     path = compiled[1]["phases"][0]["requests"][0]["path"]
     code = (
         "import sys\n"
-        "from aiter.aot.flydsl.hooks import extract_code_objects\n"
+        "from aiter.flydsl_bridge import extract_code_objects\n"
         f"codes = extract_code_objects({path!r})\n"
         "print(len(codes), codes[0][:4] == b'\\x7fELF', 'flydsl' in sys.modules)"
     )

@@ -1,4 +1,4 @@
-"""Tests of aiter.aot.flydsl.elf on hand-built ELF headers: machine, arch from e_flags,
+"""Tests of aiter.flydsl_bridge.elf on hand-built ELF headers: machine, arch from e_flags,
 rejection of what is not an AMDGPU code object, and disassembly fallback."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import struct
 
 import pytest
 
-from aiter.aot.flydsl import elf
 from aiter.arch import ARCHS
+from aiter.flydsl_bridge import elf
 
 EM_X86_64 = 62
 

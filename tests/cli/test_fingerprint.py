@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from aiter.aot.flydsl import fingerprint, hooks
+from aiter import flydsl_bridge as bridge
+from aiter.aot.flydsl import fingerprint
 from aiter.aot.flydsl.fingerprint import FingerprintInputs, compute, describe, fingerprint_env
 
 REPO = Path(__file__).resolve().parents[2]
@@ -77,7 +78,7 @@ def test_a_table_moving_into_the_sources_changes_the_hash(inputs) -> None:
     assert compute(moved) != compute(inputs)
 
 
-@pytest.mark.parametrize("name", hooks.KEY_ENV_VARS)
+@pytest.mark.parametrize("name", bridge.KEY_ENV_VARS)
 def test_a_flydsl_key_variable_changes_the_hash(inputs, name: str) -> None:
     changed = dataclasses.replace(inputs, env=fingerprint_env({name: "1"}))
     unchanged = dataclasses.replace(inputs, env=fingerprint_env({}))
@@ -106,7 +107,7 @@ def test_gpu_archs_changes_the_hash(inputs) -> None:
 
 def test_the_cache_dir_does_not_change_the_hash(inputs) -> None:
     environ = {"AITER_CONFIG_GEMM_BF16": "/t/a.csv"}
-    moved = {**environ, hooks.ENV_CACHE_DIR: "/elsewhere/cache"}
+    moved = {**environ, bridge.ENV_CACHE_DIR: "/elsewhere/cache"}
     assert fingerprint_env(moved) == fingerprint_env(environ)
     assert compute(dataclasses.replace(inputs, env=fingerprint_env(moved))) == compute(
         dataclasses.replace(inputs, env=fingerprint_env(environ))
@@ -161,7 +162,7 @@ def test_fingerprint_env_covers_key_aiter_and_arch_variables() -> None:
         "PATH": "/bin",
     }
     env = dict(fingerprint_env(environ))
-    assert set(env) == {*hooks.KEY_ENV_VARS, "GPU_ARCHS", "AITER_CONFIG_GEMM_BF16"}
+    assert set(env) == {*bridge.KEY_ENV_VARS, "GPU_ARCHS", "AITER_CONFIG_GEMM_BF16"}
     assert env["FLYDSL_COMPILE_OPT_LEVEL"] == "3"
     assert env["FLYDSL_KTRACE_ENABLE"] == ""
     assert env["GPU_ARCHS"] == ""
@@ -199,7 +200,7 @@ def test_package_sources_cover_the_package(tmp_path) -> None:
     relative = [Path(s).relative_to(package).as_posix() for s in sources]
     assert sources == sorted(sources)
     assert "ops/gemm/entry.py" in relative
-    assert "aot/flydsl/hooks.py" in relative
+    assert "flydsl_bridge/internals.py" in relative
     assert {r for r in relative if r.startswith("configs/") and r.endswith(".csv")} == {
         f"configs/{p.name}" for p in (package / "configs").glob("*.csv")
     }

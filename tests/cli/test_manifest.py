@@ -7,7 +7,7 @@ import pytest
 
 
 def test_an_unreadable_manifest_is_started_anew(tmp_path):
-    from aiter.aot.flydsl import manifest
+    from aiter.flydsl_bridge import manifest
 
     (tmp_path / manifest.MANIFEST_NAME).write_text("{ not json")
     with pytest.raises(ValueError, match="not a valid aiter manifest"):
@@ -19,7 +19,7 @@ def test_an_unreadable_manifest_is_started_anew(tmp_path):
 
 
 def _update_many(cache_dir: str, arch: str) -> None:
-    from aiter.aot.flydsl import manifest
+    from aiter.flydsl_bridge import manifest
 
     for i in range(20):
         manifest.update_manifest(cache_dir, arch, f"m{i % 3}", {f"{arch}/{i}.pkl": {}}, {})
@@ -28,7 +28,7 @@ def _update_many(cache_dir: str, arch: str) -> None:
 def test_concurrent_manifest_updates_keep_every_part(tmp_path):
     import multiprocessing
 
-    from aiter.aot.flydsl import manifest
+    from aiter.flydsl_bridge import manifest
 
     archs = [f"gfx{n}" for n in range(6)]
     context = multiprocessing.get_context("fork")

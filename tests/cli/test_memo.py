@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from aiter.aot.flydsl import fingerprint, manifest
+from aiter.aot.flydsl import fingerprint
+from aiter.flydsl_bridge import manifest
 from tests.aot_cli import REPO, lines_starting, read_report, run_aot, run_aot_together
 
 pytestmark = pytest.mark.slow  # builds a cache

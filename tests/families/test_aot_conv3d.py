@@ -148,12 +148,12 @@ def test_build_succeeds_and_check_passes(built, setup):
 SERVE = textwrap.dedent("""
     import random, sys, torch
     import aiter
-    from aiter.aot.flydsl import hooks
+    from aiter import flydsl_bridge as bridge
     from aiter.aot.flydsl.dry_run import dry_run
     arch, cu = sys.argv[1], int(sys.argv[2])
     rng = random.Random(int(sys.argv[3]))
     served = 0
-    with dry_run(arch, cu, hooks.MODE_COMPILE):
+    with dry_run(arch, cu, bridge.MODE_COMPILE):
         w = torch.empty((32, 32, 3, 3, 3), dtype=torch.bfloat16, device="cuda")
         b = torch.empty((32,), dtype=torch.bfloat16, device="cuda")
         for case in range(int(sys.argv[4])):

@@ -151,11 +151,11 @@ def test_manifest_records_both_archs_and_who_asked(build, setup):
 
 SERVE = textwrap.dedent("""
     import sys, torch
-    from aiter.aot.flydsl import hooks
+    from aiter import flydsl_bridge as bridge
     from aiter.aot.flydsl.dry_run import dry_run
     from aiter.ops.gemm.entry import gemm_a16w16
     m, n, k = (int(v) for v in sys.argv[1:4])
-    with dry_run("gfx942", 304, hooks.MODE_COMPILE):
+    with dry_run("gfx942", 304, bridge.MODE_COMPILE):
         a = torch.empty((m, k), dtype=torch.bfloat16, device="cuda")
         b = torch.empty((n, k), dtype=torch.bfloat16, device="cuda")
         bias = torch.empty((n,), dtype=torch.float32, device="cuda")

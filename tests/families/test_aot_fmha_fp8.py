@@ -104,11 +104,11 @@ SERVE = textwrap.dedent("""
     import random, sys, torch
     import aiter
     from aiter import device
-    from aiter.aot.flydsl import hooks
+    from aiter import flydsl_bridge as bridge
     from aiter.aot.flydsl.dry_run import dry_run
     rng = random.Random(int(sys.argv[1]))
     served = 0
-    with dry_run("gfx942", 304, hooks.MODE_COMPILE):
+    with dry_run("gfx942", 304, bridge.MODE_COMPILE):
         fp8 = device.fp8_dtype()
         empty = lambda shape, dtype=fp8: torch.empty(shape, dtype=dtype, device="cuda")
         for case in range(int(sys.argv[2])):

@@ -153,14 +153,14 @@ def test_build_succeeds_and_check_passes(built, setup):
 
 SERVE = textwrap.dedent("""
     import random, sys, torch
-    from aiter.aot.flydsl import hooks
+    from aiter import flydsl_bridge as bridge
     from aiter.aot.flydsl.dry_run import dry_run
     from aiter.ops.moe.entry import fused_moe
     arch, cu = sys.argv[1], int(sys.argv[2])
     rng = random.Random(int(sys.argv[3]))
     empty = lambda shape, dtype: torch.empty(shape, dtype=dtype, device="cuda")
     served = 0
-    with dry_run(arch, cu, hooks.MODE_COMPILE):
+    with dry_run(arch, cu, bridge.MODE_COMPILE):
         for case in range(int(sys.argv[4])):
             tokens = rng.randint(1, 512)
             kw = {"gate_mode": rng.choice(["separated", "interleave"])}

@@ -17,8 +17,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 
 from aiter import device
+from aiter import flydsl_bridge as bridge
 from aiter.aot.flydsl import dry_run as dry_run_module
-from aiter.aot.flydsl import hooks
 from aiter.aot.flydsl.dry_run import (
     GUARDED_TORCH_CUDA,
     GpuRuntimeReached,
@@ -31,7 +31,7 @@ ENV_NAMES = ("ARCH", "FLYDSL_GPU_ARCH", "COMPILE_ONLY")
 
 
 def gfx942():
-    return dry_run("gfx942", 304, hooks.MODE_NAME)
+    return dry_run("gfx942", 304, bridge.MODE_NAME)
 
 
 def test_tensors_are_fakes_on_cuda0() -> None:
@@ -180,10 +180,10 @@ def test_real_tensors_still_index_and_copy_inside() -> None:
 
 
 def test_kernel_execution_is_guarded_and_restored() -> None:
-    original = hooks._jf._build_call_state
+    original = bridge.jit_function()._build_call_state
     with gfx942(), pytest.raises(GpuRuntimeReached, match="a FlyDSL kernel launch was called"):
-        hooks._jf._build_call_state(None, (), None)
-    assert hooks._jf._build_call_state is original
+        bridge.jit_function()._build_call_state(None, (), None)
+    assert bridge.jit_function()._build_call_state is original
 
 
 def test_a_real_launch_that_would_run_raises(monkeypatch, tmp_path: Path) -> None:
@@ -203,7 +203,7 @@ def test_a_real_launch_that_would_run_raises(monkeypatch, tmp_path: Path) -> Non
 
 def test_second_arch_refused_in_process(monkeypatch) -> None:
     monkeypatch.setattr(dry_run_module, "_process_arch", "gfx942")
-    with pytest.raises(ValueError) as info, dry_run("gfx950", 256, hooks.MODE_NAME):
+    with pytest.raises(ValueError) as info, dry_run("gfx950", 256, bridge.MODE_NAME):
         pass
     assert str(info.value) == (
         "this process was started for gfx942 and cannot replay gfx950: run one process per arch"
@@ -235,14 +235,14 @@ def test_bad_mode_refused(monkeypatch) -> None:
 
 def test_two_archs_in_one_fresh_process() -> None:
     script = textwrap.dedent("""
-        from aiter.aot.flydsl import hooks
+        from aiter import flydsl_bridge as bridge
         from aiter.aot.flydsl.dry_run import dry_run
-        with dry_run("gfx942", 304, hooks.MODE_NAME):
+        with dry_run("gfx942", 304, bridge.MODE_NAME):
             pass
-        with dry_run("gfx942", 80, hooks.MODE_NAME):  # same arch, other CU count: fine
+        with dry_run("gfx942", 80, bridge.MODE_NAME):  # same arch, other CU count: fine
             pass
         try:
-            with dry_run("gfx950", 256, hooks.MODE_NAME):
+            with dry_run("gfx950", 256, bridge.MODE_NAME):
                 pass
         except ValueError as err:
             print("REFUSED:", err)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from aiter.aot.flydsl.manifest import MANIFEST_NAME, entry_defect, file_digest, read_manifest
+from aiter.flydsl_bridge.entries import entry_defect, file_digest
+from aiter.flydsl_bridge.manifest import MANIFEST_NAME, read_manifest
 from tests.aot_cli import lines_starting, read_report, run_aot, run_aot_together, start_aot
 
 pytestmark = pytest.mark.slow  # runs the command line, which replays and compiles

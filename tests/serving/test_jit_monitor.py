@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from aiter import dispatch, jit_monitor
-from aiter.aot.flydsl import hooks
+from aiter import flydsl_bridge as bridge
+from aiter.flydsl_bridge import watching
 from aiter.jit_monitor import (
     ABSENT,
     ALLOW,
@@ -56,7 +57,7 @@ def _params(**changes: str) -> tuple[tuple[str, str], ...]:
 
 
 def _request(cache: Path, params=GEMM_PARAMS, module="aiter.ops.gemm.kernels.a16w16"):
-    return hooks.KernelRequest(
+    return bridge.KernelRequest(
         "gemm_a16w16", str(cache / f"gemm_a16w16_{MANAGER_KEY}"), "key", params, module=module
     )
 
@@ -77,7 +78,7 @@ def _record(row: str | None = None) -> dispatch.DispatchRecord:
 @pytest.fixture
 def monitor_state(monkeypatch):
     """A clean environment for the monitor, and the process's monitor state put back after."""
-    for name in (ENV_JIT, ENV_FALLBACK, hooks.ENV_RUN_ONLY):
+    for name in (ENV_JIT, ENV_FALLBACK, bridge.ENV_RUN_ONLY):
         monkeypatch.delenv(name, raising=False)
     jit_monitor.uninstall()
     yield
@@ -109,9 +110,9 @@ def test_a_bad_fallback_value_names_the_variable() -> None:
 
 
 def test_run_only_is_read_as_flydsl_reads_it() -> None:
-    assert Settings.from_env({hooks.ENV_RUN_ONLY: "True"}).run_only
-    assert not Settings.from_env({hooks.ENV_RUN_ONLY: "0"}).run_only
-    assert Settings.from_env({hooks.ENV_RUN_ONLY: "1"}).listens
+    assert Settings.from_env({bridge.ENV_RUN_ONLY: "True"}).run_only
+    assert not Settings.from_env({bridge.ENV_RUN_ONLY: "0"}).run_only
+    assert Settings.from_env({bridge.ENV_RUN_ONLY: "1"}).listens
 
 
 def test_a_bad_policy_fails_the_first_call_of_a_public_entry(monitor_state, monkeypatch) -> None:
@@ -128,7 +129,7 @@ def test_a_bad_policy_fails_the_first_call_of_a_public_entry(monitor_state, monk
 
 def test_parse_params_reads_what_describe_params_writes() -> None:
     params = (*GEMM_PARAMS, ("shape", "(1, 2)"))
-    text = hooks.KernelRequest("f", "", "", params).describe_params()
+    text = bridge.KernelRequest("f", "", "", params).describe_params()
     assert jit_monitor.parse_params(text) == params
 
 
@@ -301,7 +302,7 @@ def test_describe_miss_lists_the_nearest_entries(tmp_path) -> None:
 
 
 def test_a_cache_that_is_off_is_said(tmp_path) -> None:
-    request = hooks.KernelRequest("gemm_a16w16", "", "", GEMM_PARAMS, module="aiter.x")
+    request = bridge.KernelRequest("gemm_a16w16", "", "", GEMM_PARAMS, module="aiter.x")
     miss = jit_monitor.describe_miss(request, _record(), jit_monitor.REASON_RUN_ONLY)
     text = jit_monitor.format_miss(miss)
     assert "FlyDSL's disk cache is off" in text and "entry:" not in text
@@ -343,17 +344,17 @@ def test_error_refuses_a_compile_of_an_aiter_kernel(monitor_state, tmp_path) -> 
     jit_monitor.install(Settings(policy=ERROR))
     dispatch.report(_record)
     with pytest.raises(JitCompileRefused) as info:
-        hooks._listener.compiling(_request(_fake_cache(tmp_path / "cache")))
+        watching._listener.compiling(_request(_fake_cache(tmp_path / "cache")))
     assert isinstance(info.value, RuntimeError)
     assert "AITER_JIT=error refuses to compile it" in str(info.value)
     assert "  call:    gemm_a16w16(A=bfloat16[32, 4096] row-major" in str(info.value)
-    hooks._listener.compiling(_request(tmp_path, module="tests.fixtures.tiny_kernels"))
+    watching._listener.compiling(_request(tmp_path, module="tests.fixtures.tiny_kernels"))
 
 
 def test_warn_logs_once_per_kernel(monitor_state, tmp_path, caplog) -> None:
     jit_monitor.install(Settings(policy=WARN))
     dispatch.report(_record)
-    listener = hooks._listener
+    listener = watching._listener
     with caplog.at_level(logging.WARNING, logger="aiter.jit"):
         listener.compiling(_request(tmp_path))
         listener.compiling(_request(tmp_path))
@@ -365,26 +366,28 @@ def test_warn_logs_once_per_kernel(monitor_state, tmp_path, caplog) -> None:
 def test_allow_says_nothing(monitor_state, tmp_path, caplog) -> None:
     jit_monitor.install(Settings(policy=ALLOW, run_only=True))  # listening, for run-only misses
     with caplog.at_level(logging.DEBUG, logger="aiter.jit"):
-        hooks._listener.compiling(_request(tmp_path))
+        watching._listener.compiling(_request(tmp_path))
     assert not caplog.records
 
 
 def test_run_only_misses_get_the_message(monitor_state, tmp_path) -> None:
     jit_monitor.install(Settings(run_only=True))
     dispatch.report(_record)
-    error = RuntimeError(f"{hooks.RUN_ONLY_MISS}gemm_a16w16: ...")
-    replacement = hooks._listener.run_only_miss(_request(tmp_path), error)
+    error = RuntimeError(f"{bridge.RUN_ONLY_MISS}gemm_a16w16: ...")
+    replacement = watching._listener.run_only_miss(_request(tmp_path), error)
     assert isinstance(replacement, JitCompileRefused)
     assert "FLYDSL_RUNTIME_RUN_ONLY=1 forbids compiling it" in str(replacement)
-    assert hooks._listener.run_only_miss(_request(tmp_path, module="user.kernels"), error) is None
+    assert (
+        watching._listener.run_only_miss(_request(tmp_path, module="user.kernels"), error) is None
+    )
 
 
 def test_the_aot_builder_is_left_alone(monitor_state, monkeypatch) -> None:
     main = types.ModuleType("__main__")
-    main.__spec__ = ModuleSpec(hooks.AOT_BUILD_MAIN, None)
+    main.__spec__ = ModuleSpec(bridge.AOT_BUILD_MAIN, None)
     monkeypatch.setitem(sys.modules, "__main__", main)
     monkeypatch.setenv(ENV_JIT, "error")
-    assert hooks.in_aot_build()
+    assert bridge.in_aot_build()
     assert jit_monitor.install() == Settings() and not dispatch.listening()
 
 
@@ -408,10 +411,10 @@ def test_equivalent_choices_try_other_splits_then_the_heuristic() -> None:
 
 
 def test_serving_self_test_passes_and_names_a_moved_internal(monkeypatch) -> None:
-    hooks.serving_self_test()
-    monkeypatch.delattr(hooks._jf.JitFunction, "_build_full_cache_key")
-    with pytest.raises(hooks.ReplayHookBroken, match=r"JitFunction\._build_full_cache_key"):
-        hooks.serving_self_test()
+    bridge.serving_self_test()
+    monkeypatch.delattr(bridge.jit_function().JitFunction, "_build_full_cache_key")
+    with pytest.raises(bridge.ReplayHookBroken, match=r"JitFunction\._build_full_cache_key"):
+        bridge.serving_self_test()
 
 
 def test_name_launches_names_what_a_launch_needs_and_runs_nothing() -> None:
@@ -421,13 +424,13 @@ def test_name_launches_names_what_a_launch_needs_and_runs_nothing() -> None:
     from aiter.ops.gemm.kernels.a16w16 import launch_gemm_a16w16
     from aiter.ops.shared.tiles import GemmTile
 
-    with dry_run("gfx942", 304, hooks.MODE_NAME) as requests:
+    with dry_run("gfx942", 304, bridge.MODE_NAME) as requests:
         a = torch.empty((32, 4096), dtype=torch.bfloat16, device="cuda")
         b = torch.empty((2048, 4096), dtype=torch.bfloat16, device="cuda")
         out = torch.empty((32, 2048), dtype=torch.bfloat16, device="cuda")
         workspace = torch.empty((4, 32, 2048), dtype=torch.float32, device="cuda")
         kwargs = dict(tile=GemmTile(32, 64, 64), split_k=4, mma="mfma", stream=0)
-        with hooks.name_launches() as named:
+        with bridge.name_launches() as named:
             launch_gemm_a16w16(a, b, None, out, workspace, **kwargs)
         assert requests == []  # the replay's own list does not see what was only named
         launch_gemm_a16w16(a, b, None, out, workspace, **kwargs)
@@ -452,7 +455,7 @@ SERVE = textwrap.dedent("""
     import json, logging, sys
     import torch
     from aiter import dispatch
-    from aiter.aot.flydsl import hooks
+    from aiter import flydsl_bridge as bridge
     from aiter.aot.flydsl.dry_run import dry_run
     from aiter.ops.gemm.entry import gemm_a16w16
     from aiter.toolchain import configure_linker
@@ -461,7 +464,7 @@ SERVE = textwrap.dedent("""
     logging.basicConfig(format="LOG %(name)s %(levelname)s %(message)s")
     records, requests = [], []
     try:
-        with dispatch.observe() as records, dry_run("gfx942", 304, hooks.MODE_COMPILE) as requests:
+        with dispatch.observe() as records, dry_run("gfx942", 304, bridge.MODE_COMPILE) as requests:
             for m, n, k, bias in json.loads(sys.argv[1]):
                 a = torch.empty((m, k), dtype=torch.bfloat16, device="cuda")
                 b = torch.empty((n, k), dtype=torch.bfloat16, device="cuda")
@@ -513,10 +516,10 @@ def serve(built, cache: Path, tmp_path: Path, calls, **env: str):
     full = {
         k: v
         for k, v in os.environ.items()
-        if k not in (ENV_JIT, ENV_FALLBACK, hooks.ENV_RUN_ONLY, hooks.ENV_COMPILE_ONLY)
+        if k not in (ENV_JIT, ENV_FALLBACK, bridge.ENV_RUN_ONLY, bridge.ENV_COMPILE_ONLY)
     }
     full.update(built[0], **env, PYTHONPATH=str(REPO), FLYDSL_GPU_ARCH="gfx942")
-    full[hooks.ENV_CACHE_DIR] = str(cache)
+    full[bridge.ENV_CACHE_DIR] = str(cache)
     proc = subprocess.run(
         [
             sys.executable,

@@ -76,12 +76,12 @@ def test_the_wheel_holds_the_cache_and_its_manifest(wheel):
 SERVE = textwrap.dedent("""
     import os, sys, torch
     import aiter
-    from aiter.aot.flydsl import hooks
+    from aiter import flydsl_bridge as bridge
     from aiter.aot.flydsl.dry_run import dry_run
     print("aiter from", aiter.__file__)
     print("cache", os.environ.get("FLYDSL_RUNTIME_CACHE_DIR"))
     m, with_bias = int(sys.argv[1]), sys.argv[2:] == ["bias"]
-    with dry_run("gfx942", 304, hooks.MODE_COMPILE):
+    with dry_run("gfx942", 304, bridge.MODE_COMPILE):
         a = torch.empty((m, 256), dtype=torch.bfloat16, device="cuda")
         b = torch.empty((256, 256), dtype=torch.bfloat16, device="cuda")
         bias = torch.empty((256,), dtype=torch.bfloat16, device="cuda") if with_bias else None

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiter.aot.flydsl import hooks, memo
+from aiter import flydsl_bridge as bridge
+from aiter.aot.flydsl import memo
 from aiter.aot.flydsl.options import Build, UsageError, parse
 from aiter.aot.flydsl.protocol import (
     EXIT_FAIL,
@@ -47,7 +48,7 @@ WORKER_MB_ENV = "AITER_AOT_WORKER_MB"
 
 def _estimates(cache_dir: str) -> dict[str, float]:
     """Seconds per kernel function, from the compile times an earlier build recorded."""
-    from aiter.aot.flydsl.manifest import read_manifest
+    from aiter.flydsl_bridge.manifest import read_manifest
 
     try:
         data = read_manifest(cache_dir)
@@ -87,8 +88,8 @@ def _start(build: Build, target: ArchTarget, budget: Any, estimates: Path) -> _A
         cmd += ["--max", f"{name}={value}"]
     if target.cu_num is not None:
         cmd += ["--cu-num", str(target.cu_num)]
-    env = {**build.env, **hooks.target_env(target.arch), **budget.child_env()}
-    env[hooks.ENV_CACHE_DIR] = build.cache_dir
+    env = {**build.env, **bridge.target_env(target.arch), **budget.child_env()}
+    env[bridge.ENV_CACHE_DIR] = build.cache_dir
     # No GPU may be visible: everything must come from the dry run.
     env.update(HIP_VISIBLE_DEVICES="", ROCR_VISIBLE_DEVICES="", CUDA_VISIBLE_DEVICES="")
     proc = subprocess.Popen(cmd, env=env, pass_fds=(*budget.fds, write_fd))
@@ -215,7 +216,7 @@ def _versions() -> dict[str, str]:
 
 def _recorded_seconds(cache_dir: str, arch: str) -> dict[str, float]:
     """Compile seconds an earlier build recorded per entry, kept for entries not rebuilt."""
-    from aiter.aot.flydsl.manifest import read_manifest
+    from aiter.flydsl_bridge.manifest import read_manifest
 
     try:
         modules = read_manifest(cache_dir)["archs"].get(arch, {})
@@ -229,7 +230,8 @@ def _recorded_seconds(cache_dir: str, arch: str) -> dict[str, float]:
 
 
 def write_manifest(build: Build, report: ArchReport) -> None:
-    from aiter.aot.flydsl.manifest import file_digest, update_manifest
+    from aiter.flydsl_bridge.entries import file_digest
+    from aiter.flydsl_bridge.manifest import update_manifest
 
     recorded = _recorded_seconds(build.cache_dir, report.arch)
     seconds: dict[str, float] = {}
@@ -336,7 +338,7 @@ def main(module_paths: Sequence[str] | None = None, argv: Sequence[str] | None =
     rows = summary_rows(reports)
     print_summary(rows, reports, build.maxima)
     if build.mode == MODE_BUILD and not failed and fp is not None:
-        from aiter.aot.flydsl.manifest import record_build
+        from aiter.flydsl_bridge.manifest import record_build
 
         record_build(
             build.cache_dir,
@@ -350,7 +352,7 @@ def main(module_paths: Sequence[str] | None = None, argv: Sequence[str] | None =
     if build.mode == MODE_BUILD:
         print(f"cache: {build.cache_dir}")
         print(
-            f"serve from it with: {hooks.ENV_CACHE_DIR}={build.cache_dir} {hooks.ENV_RUN_ONLY}=1 "
+            f"serve from it with: {bridge.ENV_CACHE_DIR}={build.cache_dir} {bridge.ENV_RUN_ONLY}=1 "
             "(FlyDSL then loads kernels and never compiles)"
         )
     return EXIT_FAIL if failed else EXIT_OK

@@ -16,7 +16,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from aiter import device
-from aiter.aot.flydsl import hooks
+from aiter import flydsl_bridge as bridge
 
 _process_arch: str | None = None  # FlyDSL freezes its target per process at first use
 
@@ -49,7 +49,7 @@ def _raise_reached(what: str):
     def guard(*args: Any, **kwargs: Any):
         raise GpuRuntimeReached(
             f"{what} was called inside an AOT dry run: host code must ask aiter.device, "
-            "and kernels must only compile (hooks.target_env)"
+            "and kernels must only compile (bridge.target_env)"
         )
 
     return guard
@@ -127,15 +127,15 @@ def _set_env(stack: ExitStack, values: dict[str, str]) -> None:
 
 
 @contextmanager
-def dry_run(arch: str, cu_num: int, mode: str) -> Iterator[list[hooks.KernelRequest]]:
+def dry_run(arch: str, cu_num: int, mode: str) -> Iterator[list[bridge.KernelRequest]]:
     """Run host code as on a `cu_num`-CU GPU of `arch`; yields the kernels it launches.
 
-    mode is hooks.MODE_NAME (name kernels, compile nothing) or hooks.MODE_COMPILE.
+    mode is bridge.MODE_NAME (name kernels, compile nothing) or bridge.MODE_COMPILE.
     Tensors made inside are FakeTensors on cuda:0. One arch per process: FlyDSL freezes its
     target at the first compile, so a process must not replay two archs.
     """
     global _process_arch
-    frozen = _process_arch or os.environ.get(hooks.ENV_GPU_ARCH)
+    frozen = _process_arch or os.environ.get(bridge.ENV_GPU_ARCH)
     if frozen and frozen != arch:
         raise ValueError(
             f"this process was started for {frozen} and cannot replay {arch}: "
@@ -143,16 +143,16 @@ def dry_run(arch: str, cu_num: int, mode: str) -> Iterator[list[hooks.KernelRequ
         )
     _process_arch = arch
     stream = SimulatedStream()
-    hooks.register_stream_type(SimulatedStream)
+    bridge.register_stream_type(SimulatedStream)
     with ExitStack() as stack:
-        _set_env(stack, hooks.target_env(arch))
+        _set_env(stack, bridge.target_env(arch))
         stack.enter_context(device.simulate(arch, cu_num, stream))
         for name in GUARDED_TORCH_CUDA:
             _patch(stack, torch.cuda, name, _raise_reached(f"torch.cuda.{name}"))
-        stack.enter_context(hooks.guard_kernel_execution(_raise_reached("a FlyDSL kernel launch")))
+        stack.enter_context(bridge.guard_kernel_execution(_raise_reached("a FlyDSL kernel launch")))
         _patch(stack, torch.Tensor, "__getitem__", _fake_getitem(torch.Tensor.__getitem__))
         _patch(stack, torch.Tensor, "copy_", _fake_copy(torch.Tensor.copy_))
         _patch(stack, torch.Tensor, "contiguous", _fake_contiguous(torch.Tensor.contiguous))
         stack.enter_context(FakeTensorMode(allow_non_fake_inputs=False))
-        requests = stack.enter_context(hooks.record_launches(mode))
+        requests = stack.enter_context(bridge.record_launches(mode))
         yield requests

@@ -53,14 +53,14 @@ class EntryAudit:
         return removed
 
     def _inspect(self, path: Path) -> str | None:
-        from aiter.aot.flydsl.manifest import entry_defect, record_mismatch
+        from aiter.flydsl_bridge.entries import entry_defect, record_mismatch
 
         record = self._manifest_records().get(path)
         return entry_defect(path, self.arch) or (record and record_mismatch(path, record)) or None
 
     def _manifest_records(self) -> dict[Path, dict[str, Any]]:
         if self._records is None:
-            from aiter.aot.flydsl.manifest import read_manifest
+            from aiter.flydsl_bridge.manifest import read_manifest
 
             self._records = {}
             if self.cache_root is not None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiter.aot.flydsl.hooks import KEY_ENV_VARS
+from aiter.flydsl_bridge.env import KEY_ENV_VARS
 
 # Bumped whenever the encoding below changes, so an old manifest never matches by accident.
 FORMAT = "aiter-aot-fingerprint/1"

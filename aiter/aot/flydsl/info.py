@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from importlib import metadata
 
 from aiter import cache_location
-from aiter.aot.flydsl.manifest import manifest_path, read_manifest
+from aiter.flydsl_bridge.manifest import manifest_path, read_manifest
 
 # FlyDSL's cache keys hash its version, and torch's enters the traced kernels: a cache built with
 # other versions misses on every lookup.

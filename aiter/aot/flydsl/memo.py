@@ -29,7 +29,7 @@ def fingerprint(build: Build) -> tuple[str, dict[str, Any]]:
 
 def memo_holds(build: Build, fp: str) -> bool:
     """True when the cache holds a complete build with this fingerprint, every entry intact."""
-    from aiter.aot.flydsl.manifest import entry_problem, memo_entries, read_manifest
+    from aiter.flydsl_bridge.manifest import entry_problem, memo_entries, read_manifest
 
     start = time.perf_counter()
     try:

@@ -39,11 +39,11 @@ def naming_session(job: Job) -> Iterator[Callable[[Mapping[str, int]], Any]]:
     """A probe that names the kernels and serving backends of the public entry at given axis
     values, compiling nothing; one dry run serves every probe of the job."""
     from aiter import dispatch
-    from aiter.aot.flydsl import hooks
+    from aiter import flydsl_bridge as bridge
     from aiter.aot.flydsl.dry_run import dry_run
 
     info = job.info
-    with dispatch.observe() as records, dry_run(info.arch, info.cu_num, hooks.MODE_NAME) as reqs:
+    with dispatch.observe() as records, dry_run(info.arch, info.cu_num, bridge.MODE_NAME) as reqs:
 
         def probe(values: Mapping[str, int]) -> tuple[tuple[KernelRef, ...], tuple[str, ...]]:
             first_request, first_record = len(reqs), len(records)

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from aiter.aot.flydsl import hooks, registry
+from aiter import flydsl_bridge as bridge
+from aiter.aot.flydsl import registry
 from aiter.aot.flydsl.jobs import Family
 from aiter.aot.flydsl.protocol import MODE_BUILD, MODE_CHECK, MODE_LIST
 from aiter.arch import ARCHS, ArchTarget, parse_gpu_archs
@@ -155,7 +156,7 @@ def _targets(specs: Sequence[TableSpec], modules: str) -> list[ArchTarget]:
 
 
 def _cache_dir(text: str | None, mode: str) -> str:
-    cache_dir = os.path.abspath(text or hooks.cache_dir_from_env())
+    cache_dir = os.path.abspath(text or bridge.cache_dir_from_env())
     path = Path(cache_dir)
     if path.exists() and not path.is_dir():
         raise UsageError(f"--cache-dir {cache_dir}: is a file, expected a directory")

@@ -86,7 +86,7 @@ class Progress:
 
 def compile_task(job: Job, task: CompileTask, entries: EntryAudit) -> dict[str, Any]:
     """Runs in a forked worker: call the public entry at the task's point with compiling on."""
-    from aiter.aot.flydsl import hooks
+    from aiter import flydsl_bridge as bridge
     from aiter.aot.flydsl.dry_run import dry_run
 
     replaced = entries.remove_corrupt(task.files)
@@ -95,7 +95,7 @@ def compile_task(job: Job, task: CompileTask, entries: EntryAudit) -> dict[str, 
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     start = time.perf_counter()
     try:
-        with dry_run(job.info.arch, job.info.cu_num, hooks.MODE_COMPILE):
+        with dry_run(job.info.arch, job.info.cu_num, bridge.MODE_COMPILE):
             job.call(**task.values)
     except OSError as err:
         if err.errno in (errno.ENOSPC, errno.EFBIG, errno.EDQUOT):
@@ -303,9 +303,9 @@ def replay_arch(
         if any(family.limits.get(j.info.axis) is not None for j in family_jobs):
             report.limits += family.describe_limits()
     pool = ForkPool(workers, budget)
-    from aiter.aot.flydsl import hooks
+    from aiter import flydsl_bridge as bridge
 
-    entries = EntryAudit(hooks.cache_dir_from_env(), arch)
+    entries = EntryAudit(bridge.cache_dir_from_env(), arch)
     scheduler = _Scheduler(
         jobs, limits, mode, sample, seed, estimates or {}, pool, progress, entries
     )
@@ -355,18 +355,18 @@ def arch_process_main(argv: Sequence[str]) -> int:
     from aiter.toolchain import configure_linker
 
     configure_linker()
-    from aiter.aot.flydsl import hooks
+    from aiter import flydsl_bridge as bridge
     from aiter.aot.flydsl.budget import WorkerBudget
 
     # FlyDSL reads its target from the environment; a process that would compile for another
     # arch than it replays must not write a single cache entry.
-    target = hooks.flydsl_target_arch()
-    arch_env = os.environ.get(hooks.ENV_ARCH)
+    target = bridge.flydsl_target_arch()
+    arch_env = os.environ.get(bridge.ENV_ARCH)
     if target != args.arch or arch_env != args.arch:
         print(
             f"error: replay process for {args.arch} finds FlyDSL targeting {target} "
-            f"({hooks.ENV_ARCH}={arch_env!r}); set "
-            f"{' and '.join(hooks.target_env(args.arch))} as hooks.target_env says",
+            f"({bridge.ENV_ARCH}={arch_env!r}); set "
+            f"{' and '.join(bridge.target_env(args.arch))} as bridge.target_env says",
             file=sys.stderr,
         )
         return EXIT_USAGE

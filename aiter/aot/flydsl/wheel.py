@@ -13,8 +13,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from aiter.aot.flydsl.manifest import MANIFEST_NAME
 from aiter.cache_location import SHIPPED_DIR_NAME
+from aiter.flydsl_bridge.manifest import MANIFEST_NAME
 
 AOT_ENV = "AITER_AOT"
 PREBUILT_ENV = "AITER_AOT_CACHE"

@@ -41,6 +41,7 @@ def _positive(name: str) -> Column:
 CONV3D = TableSpec(
     name="bf16_tuned_conv3d.csv",
     short_name="conv3d",
+    aot_module="conv3d",
     env_var="AITER_CONFIG_CONV3D",
     columns=(
         Column("gfx", "str"),

@@ -15,6 +15,7 @@ SEQLEN_AXIS = BucketAxis(name="seqlen", column="max_seqlen", default_max=1 << 20
 FMHA_FP8 = TableSpec(
     name="fmha_fp8_shapes.csv",
     short_name="fmha_fp8",
+    aot_module="fmha_fp8",
     env_var="AITER_CONFIG_FMHA_FP8",
     columns=(
         Column("gfx", "str"),

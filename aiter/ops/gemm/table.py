@@ -71,6 +71,7 @@ def _a8w8_choice(prefix: str) -> tuple[Column, ...]:
 A16W16 = TableSpec(
     name="bf16_tuned_gemm.csv",
     short_name="gemm_a16w16",
+    aot_module="gemm",
     env_var="AITER_CONFIG_GEMM_BF16",
     columns=(
         *_SHAPE,
@@ -90,6 +91,7 @@ A16W16 = TableSpec(
 A8W8_BPRESHUFFLE = TableSpec(
     name="a8w8_bpreshuffle_tuned_gemm.csv",
     short_name="gemm_a8w8_bpreshuffle",
+    aot_module="gemm",
     env_var="AITER_CONFIG_GEMM_A8W8_BPRESHUFFLE",
     columns=(
         *_SHAPE,
@@ -105,6 +107,7 @@ A8W8_BPRESHUFFLE = TableSpec(
 A8W8_BLOCKSCALE = TableSpec(
     name="a8w8_blockscale_tuned_gemm.csv",
     short_name="gemm_a8w8_blockscale",
+    aot_module="gemm",
     env_var="AITER_CONFIG_GEMM_A8W8_BLOCKSCALE",
     columns=(*_SHAPE, *_MNK, *_a8w8_choice(BLOCKSCALE_KERNELS)),
     key=("gfx", "cu_num", "M", "N", "K"),

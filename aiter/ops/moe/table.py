@@ -61,6 +61,7 @@ _ANY_DTYPE = _cells(ACTIVATION_DTYPES + FP8_DTYPES)
 FMOE = TableSpec(
     name="tuned_fmoe.csv",
     short_name="fmoe",
+    aot_module="moe",
     env_var="AITER_CONFIG_FMOE",
     columns=(
         Column("gfx", "str"),

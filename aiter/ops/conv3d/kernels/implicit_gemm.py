@@ -61,6 +61,7 @@ from aiter.ops.conv3d.kernels.implicit_gemm_index import (
     weight_offset,
     x_offset,
 )
+from aiter.ops.shared import SOURCES_DIGEST as SHARED_HELPERS
 from aiter.ops.shared import mma_16bit
 from aiter.ops.shared.gemm_blocks import check_mma, load_run, to_stream, zero_accs
 from aiter.ops.shared.gemm_index import acc_rows_per_lane, k_run, operand_row
@@ -640,6 +641,7 @@ def conv3d_implicit(
     mma: fx.Constexpr[str],
     stream: fx.Stream = fx.Stream(None),
 ):
+    _ = SHARED_HELPERS  # FlyDSL keys this kernel by the shared helpers' sources
     positions = n * out_d * out_h * out_w
     conv3d_implicit_kernel(
         x, weight, bias, out, n, groups, cgp, d, h, w, kg, out_d, out_h, out_w, tile_m, tile_n,
@@ -696,6 +698,7 @@ def conv3d_splitk_epilogue(
     has_bias: fx.Constexpr[bool],
     stream: fx.Stream = fx.Stream(None),
 ):
+    _ = SHARED_HELPERS  # FlyDSL keys this kernel by the shared helpers' sources
     conv3d_splitk_epilogue_kernel(
         staging, bias, out, positions, k, spatial, split_k, output_layout, has_bias
     ).launch(
@@ -736,6 +739,7 @@ def conv3d_pretranspose(
     cg: fx.Int32,
     stream: fx.Stream = fx.Stream(None),
 ):
+    _ = SHARED_HELPERS  # FlyDSL keys this kernel by the shared helpers' sources
     conv3d_pretranspose_kernel(x, out, total, spatial, groups, cgp, cg).launch(
         grid=(elementwise_grid(total), 1, 1), block=(ELEMENTWISE_BLOCK, 1, 1), stream=stream
     )

@@ -68,6 +68,7 @@ from aiter.ops.fmha_fp8.kernels.flash_attn_index import (
     ws_lse_offset,
     ws_out_offset,
 )
+from aiter.ops.shared import SOURCES_DIGEST as SHARED_HELPERS
 from aiter.ops.shared.gemm_blocks import check_mma, load_run, to_stream
 from aiter.ops.shared.launch_args import check_rank, check_tensor
 
@@ -489,6 +490,7 @@ def flash_attn_fp8_fwd(
     mma: fx.Constexpr[str],
     stream: fx.Stream = fx.Stream(None),
 ):
+    _ = SHARED_HELPERS  # FlyDSL keys this kernel by the shared helpers' sources
     flash_attn_fp8_fwd_kernel(
         q, k, v, out, lse, q_descale, k_descale, v_descale, cu_seqlens_q, cu_seqlens_k,
         workspace_out, workspace_lse, batch, seqlen_q, seqlen_k, hq, hkv, num_splits, interleave,
@@ -566,6 +568,7 @@ def flash_attn_fp8_combine(
     has_lse: fx.Constexpr[bool],
     stream: fx.Stream = fx.Stream(None),
 ):
+    _ = SHARED_HELPERS  # FlyDSL keys this kernel by the shared helpers' sources
     flash_attn_fp8_combine_kernel(
         workspace_out, workspace_lse, v_descale, out, lse, rows, hq, head_dim_v, num_splits,
         lse_length, has_lse,

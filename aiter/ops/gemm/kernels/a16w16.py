@@ -10,6 +10,7 @@ import flydsl.compiler as flyc
 import flydsl.expr as fx
 from flydsl.expr import const_expr, range_constexpr
 
+from aiter.ops.shared import SOURCES_DIGEST as SHARED_HELPERS
 from aiter.ops.shared.gemm_blocks import (
     Tile,
     check_mma,
@@ -136,6 +137,7 @@ def gemm_a16w16(
     mma: fx.Constexpr[str],
     stream: fx.Stream = fx.Stream(None),
 ):
+    _ = SHARED_HELPERS  # FlyDSL keys this kernel by the shared helpers' sources
     grid = grid_size(m, n, tile_m, tile_n, split_k)
     gemm_a16w16_kernel(
         a, b, bias, c, m, n, k, tile_m, tile_n, tile_k, split_k, has_bias, mma
@@ -176,6 +178,7 @@ def gemm_a16w16_splitk_reduce(
     has_bias: fx.Constexpr[bool],
     stream: fx.Stream = fx.Stream(None),
 ):
+    _ = SHARED_HELPERS  # FlyDSL keys this kernel by the shared helpers' sources
     gemm_a16w16_splitk_reduce_kernel(ws, bias, out, m, n, split_k, has_bias).launch(
         grid=(reduce_grid_size(m, n), 1, 1), block=(REDUCE_BLOCK, 1, 1), stream=stream
     )

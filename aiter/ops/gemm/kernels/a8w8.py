@@ -11,6 +11,7 @@ import flydsl.expr as fx
 import torch
 from flydsl.expr import const_expr, range_constexpr, rocdl
 
+from aiter.ops.shared import SOURCES_DIGEST as SHARED_HELPERS
 from aiter.ops.shared.gemm_blocks import (
     Tile,
     check_mma,
@@ -332,6 +333,7 @@ def gemm_a8w8_bpreshuffle(
     mma: fx.Constexpr[str],
     stream: fx.Stream = fx.Stream(None),
 ):
+    _ = SHARED_HELPERS  # FlyDSL keys this kernel by the shared helpers' sources
     _launch(xq, wq, x_scale, w_scale, out, workspace, semaphore, m, n, k,
             tile_m, tile_n, tile_k, split_k, False, mma, stream)  # fmt: skip
 
@@ -355,6 +357,7 @@ def gemm_a8w8_blockscale(
     mma: fx.Constexpr[str],
     stream: fx.Stream = fx.Stream(None),
 ):
+    _ = SHARED_HELPERS  # FlyDSL keys this kernel by the shared helpers' sources
     _launch(xq, wq, x_scale, w_scale, out, workspace, semaphore, m, n, k,
             tile_m, tile_n, tile_k, split_k, True, mma, stream)  # fmt: skip
 

@@ -41,6 +41,7 @@ from aiter.ops.moe.kernels.sorting_index import (
     valid_rows_cap,
     workspace_size,
 )
+from aiter.ops.shared import SOURCES_DIGEST as SHARED_HELPERS
 from aiter.ops.shared.gemm_blocks import to_stream
 from aiter.ops.shared.launch_args import check_int, check_rank, check_tensor
 
@@ -118,6 +119,7 @@ def moe_sorting_count(
     has_num_local: fx.Constexpr[bool],
     stream: fx.Stream = fx.Stream(None),
 ):
+    _ = SHARED_HELPERS  # FlyDSL keys this kernel by the shared helpers' sources
     grid = (expert_grid(num_experts), 1, 1)
     moe_sorting_count_kernel(
         topk_ids, expert_mask, num_local_tokens, workspace, m, topk, num_experts,
@@ -174,6 +176,7 @@ def moe_sorting_scan(
     has_num_local: fx.Constexpr[bool],
     stream: fx.Stream = fx.Stream(None),
 ):
+    _ = SHARED_HELPERS  # FlyDSL keys this kernel by the shared helpers' sources
     moe_sorting_scan_kernel(
         expert_mask, num_local_tokens, workspace, sorted_expert_ids, num_valid_ids,
         m, topk, num_experts, block_size, has_mask, has_num_local,
@@ -235,6 +238,7 @@ def moe_sorting_fill(
     has_num_local: fx.Constexpr[bool],
     stream: fx.Stream = fx.Stream(None),
 ):
+    _ = SHARED_HELPERS  # FlyDSL keys this kernel by the shared helpers' sources
     grid = (expert_grid(num_experts), 1, 1)
     moe_sorting_fill_kernel(
         topk_ids, topk_weights, num_local_tokens, workspace, sorted_ids, sorted_weights,

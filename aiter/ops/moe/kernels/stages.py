@@ -51,6 +51,7 @@ from aiter.ops.moe.kernels.stages_index import (
     topk_ws_offset,
     up_row,
 )
+from aiter.ops.shared import SOURCES_DIGEST as SHARED_HELPERS
 from aiter.ops.shared import mma_8bit, mma_16bit
 from aiter.ops.shared.gemm_blocks import Tile, check_mma, coord, load_run, to_stream, zero_accs
 from aiter.ops.shared.gemm_index import K_BLOCK as A16_K_BLOCK
@@ -351,6 +352,7 @@ def moe_stage1(
     mma: fx.Constexpr[str],
     stream: fx.Stream = fx.Stream(None),
 ):
+    _ = SHARED_HELPERS  # FlyDSL keys this kernel by the shared helpers' sources
     moe_stage1_kernel(
         a, w1, sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, out, a_scale,
         w1_scale, bias1, m, inter, model_dim, num_experts, topk, tile_m, tile_n, tile_k, ksplit,
@@ -441,6 +443,7 @@ def moe_stage1_activation(
     doweight: fx.Constexpr[bool],
     stream: fx.Stream = fx.Stream(None),
 ):
+    _ = SHARED_HELPERS  # FlyDSL keys this kernel by the shared helpers' sources
     moe_stage1_activation_kernel(
         workspace, sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, bias1, out, m,
         inter, num_rows, num_experts, topk, tile_m, activation, gate_mode, has_bias, doweight,
@@ -571,6 +574,7 @@ def moe_stage2(
     mma: fx.Constexpr[str],
     stream: fx.Stream = fx.Stream(None),
 ):
+    _ = SHARED_HELPERS  # FlyDSL keys this kernel by the shared helpers' sources
     moe_stage2_kernel(
         a2, w2, sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, out, a2_scale,
         w2_scale, bias2, m, model_dim, inter, num_experts, topk, tile_m, tile_n, tile_k, mode,
@@ -612,6 +616,7 @@ def moe_topk_reduce(
     topk: fx.Constexpr[int],
     stream: fx.Stream = fx.Stream(None),
 ):
+    _ = SHARED_HELPERS  # FlyDSL keys this kernel by the shared helpers' sources
     moe_topk_reduce_kernel(workspace, out, m, model_dim, topk).launch(
         grid=(elementwise_grid(m * model_dim), 1, 1), block=(ELEMENTWISE_BLOCK, 1, 1), stream=stream
     )

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import sys
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
+
+from aiter.flydsl_bridge.entries import entry_defect, record_mismatch
 
 MANIFEST_NAME = "aiter_aot_manifest.json"
 FORMAT = 2
@@ -62,12 +63,6 @@ def _readable_or_new(cache_dir: str | Path) -> dict[str, Any]:
     except ValueError as err:
         print(f"warning: {err}; writing a new manifest", file=sys.stderr)
         return {"format": FORMAT, "archs": {}, "builds": {}}
-
-
-def file_digest(path: str | Path) -> tuple[int, str]:
-    """Size and sha256 of a file."""
-    data = Path(path).read_bytes()
-    return len(data), hashlib.sha256(data).hexdigest()
 
 
 def build_key(modules: Iterable[str], targets: Iterable[str]) -> str:
@@ -143,33 +138,6 @@ def entry_problem(cache_dir: str | Path, rel: str, record: Mapping[str, Any]) ->
     if not path.is_file():
         return "missing"
     return record_mismatch(path, record) or entry_defect(path, record["arch"])
-
-
-def record_mismatch(path: str | Path, record: Mapping[str, Any]) -> str | None:
-    """Why an entry's bytes are not the ones its manifest record lists, or None when they are."""
-    size, digest = file_digest(path)
-    if size != record.get("size") or digest != record.get("sha256"):
-        return (
-            f"changed since the build that listed it (size {size}, recorded {record.get('size')})"
-        )
-    return None
-
-
-def entry_defect(path: str | Path, arch: str) -> str | None:
-    """Why a cache entry is not a whole FlyDSL entry for `arch`, or None when it is: missing,
-    unreadable, or holding no code object or one of another arch. Runs no FlyDSL code."""
-    from aiter.aot.flydsl import hooks
-    from aiter.aot.flydsl.elf import code_object_arch
-
-    if not Path(path).is_file():
-        return "missing"
-    try:
-        archs = {code_object_arch(code) for code in hooks.extract_code_objects(path)}
-    except Exception as err:  # a corrupt entry is reported, never raised
-        return f"not a readable FlyDSL entry ({type(err).__name__}: {err})"
-    if archs != {arch}:
-        return f"holds code objects for {sorted(archs) or 'no arch'}, expected {arch}"
-    return None
 
 
 def _write(cache_dir: str | Path, data: Mapping[str, Any]) -> Path:
