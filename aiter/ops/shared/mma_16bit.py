@@ -16,7 +16,7 @@ def sub_vector(vec, start: int, length: int):
     return vec.shuffle(vec, [start + i for i in range(length)])
 
 
-def mma(flavour: str, in_dtype, a_run, b_run, acc):
+def mma_step(flavour: str, in_dtype, a_run, b_run, acc):
     """Accumulate one k-block (K_BLOCK elements of each lane's run) into a 16x16 tile."""
     if const_expr(flavour == "mfma"):
         acc_ty = fx.Vector.make_type(4, fx.Float32)
@@ -45,7 +45,7 @@ def k_blocks(flavour, in_dtype, pa, pb, a_rows, b_rows, k, kb0, count: int, lane
     wsz = WAVE_SIZE[flavour]
     run = k_run(wsz)
     return gemm_blocks.k_blocks(
-        lambda a_run, b_run, acc: mma(flavour, in_dtype, a_run, b_run, acc),
+        lambda a_run, b_run, acc: mma_step(flavour, in_dtype, a_run, b_run, acc),
         row_loader(pa, operand_offset, k, lane, wsz, run, in_dtype),
         row_loader(pb, operand_offset, k, lane, wsz, run, in_dtype),
         a_rows,

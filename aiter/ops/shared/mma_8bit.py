@@ -24,7 +24,7 @@ def acc_dtype(in_dtype):
     return fx.Int32 if const_expr(in_dtype == fx.Int8) else fx.Float32
 
 
-def mma(mma: str, in_dtype, a_run, b_run, acc):
+def mma_step(mma: str, in_dtype, a_run, b_run, acc):
     """Accumulate one k-block (each lane's K_BLOCK-wide run slice) into a 16x16 tile."""
     is_int = in_dtype == fx.Int8
     if const_expr(mma == "mfma"):
@@ -67,7 +67,7 @@ def k_blocks(mma, in_dtype, shuffled, pa, pb, a_rows, b_rows, k, kb0, count: int
     """Run `count` consecutive k-blocks starting at kb0 over all MMA tiles of a wave."""
     wsz = WAVE_SIZE[mma]
     return gemm_blocks.k_blocks(
-        lambda a_run, b_run, acc: mma(mma, in_dtype, a_run, b_run, acc),
+        lambda a_run, b_run, acc: mma_step(mma, in_dtype, a_run, b_run, acc),
         row_loader(pa, a_offset, k, lane, wsz, k_run(wsz), in_dtype),
         lambda row, kb: load_b_run(pb, row, k, kb, lane, wsz, shuffled, in_dtype),
         a_rows,

@@ -529,7 +529,7 @@ def _mma_step(mma: str, in_dtype, a_runs, b_runs, accs):
         for i, a_run in enumerate(a_runs[sub]):
             for j, b_run in enumerate(b_runs[sub]):
                 acc = i * reps_n + j
-                accs[acc] = mma_16bit.mma(mma, in_dtype, a_run, b_run, accs[acc])
+                accs[acc] = mma_16bit.mma_step(mma, in_dtype, a_run, b_run, accs[acc])
     return accs
 
 
