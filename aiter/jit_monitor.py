@@ -38,11 +38,14 @@ import threading
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from aiter import dispatch
 from aiter import flydsl_bridge as bridge
 from aiter.tuning import CONFIG_DIR_ENV, find_spec
+
+if TYPE_CHECKING:
+    from aiter.flydsl_bridge.manifest import KernelEntry
 
 ENV_JIT = "AITER_JIT"
 ENV_FALLBACK = "AITER_AOT_FALLBACK"
@@ -248,16 +251,16 @@ def format_miss(miss: Miss) -> str:
     return "\n".join(lines)
 
 
-def _built_for(record: Mapping[str, Any]) -> str:
-    asked = record.get("requested_by") or []
-    if not asked:
+def _built_for(entry: KernelEntry) -> str:
+    """The first job that asked for `entry` at build time: its row and axis range."""
+    if not entry.requested_by:
         return ""
-    first = asked[0]
-    text = Path(str(first.get("row", "?"))).name
-    if first.get("axis"):
-        text += f", {first['axis']} {first.get('lo')}-{first.get('hi')}"
-    if len(asked) > 1:
-        text += f", and {len(asked) - 1} more"
+    first = entry.requested_by[0]
+    text = Path(first.row).name
+    if first.axis:
+        text += f", {first.axis} {first.lo}-{first.hi}"
+    if len(entry.requested_by) > 1:
+        text += f", and {len(entry.requested_by) - 1} more"
     return text
 
 
@@ -272,27 +275,21 @@ def cached_entries(request: bridge.KernelRequest) -> tuple[list[CachedEntry], in
     kernel_dir = Path(request.cache_dir)
     root = kernel_dir.parent
     try:
-        data = manifest.read_manifest(root)
+        every = manifest.read(root).entries()
     except (OSError, ValueError):
-        data = {}
-    listed: dict[str, Mapping[str, Any]] = {}
-    for modules in data.get("archs", {}).values():
-        for kernels in modules.values():
-            for rel, record in kernels.items():
-                if rel.split("/", 1)[0] == kernel_dir.name:
-                    listed[rel] = record
+        every = {}
+    listed = {rel: e for rel, e in every.items() if rel.split("/", 1)[0] == kernel_dir.name}
     own = f"{kernel_dir.name}/{request.file_name}" if request.key else None
     entries = []
     for path in sorted(kernel_dir.glob("*.pkl")) if kernel_dir.is_dir() else []:
         rel = f"{kernel_dir.name}/{path.name}"
         if rel == own:
             continue
-        record = listed.get(rel)
-        if record is None:
+        entry = listed.get(rel)
+        if entry is None:
             entries.append(CachedEntry(rel, None))
         else:
-            params = parse_params(str(record.get("params", "")))
-            entries.append(CachedEntry(rel, params, _built_for(record)))
+            entries.append(CachedEntry(rel, parse_params(entry.params), _built_for(entry)))
     sibling = re.compile(re.escape(request.function) + r"_[0-9a-f]+")
     elsewhere = 0
     if root.is_dir():

@@ -26,6 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from aiter.flydsl_bridge import manifest  # noqa: E402
 from aiter.ops.gemm.table import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16  # noqa: E402
 
 BF16 = "torch.bfloat16"
@@ -74,9 +75,8 @@ def build_cache(work: Path) -> tuple[Path, dict[str, str]]:
 
 
 def delete_split4(cache: Path) -> None:
-    manifest = json.loads((cache / "aiter_aot_manifest.json").read_text())
-    for rel, record in manifest["archs"]["gfx942"]["gemm"].items():
-        if record["function"] == "gemm_a16w16" and "split_k=4 " in record["params"]:
+    for rel, entry in manifest.read(cache).archs["gfx942"]["gemm"].items():
+        if entry.function == "gemm_a16w16" and "split_k=4 " in entry.params:
             (cache / rel).unlink()
 
 

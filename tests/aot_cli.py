@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -29,6 +30,24 @@ def run_aot(module: str, *args: str, env: dict[str, str] | None = None, timeout:
         timeout=timeout,
         check=False,
     )
+
+
+def default_signals(*signals: int) -> Callable[[], None]:
+    """A `preexec_fn` giving `signals` (SIGINT when none is named) their default disposition,
+    unblocked, in the child before its program starts.
+
+    A test that signals a process it starts (or that a process signals itself) must start it
+    with this: ignored signals stay ignored across fork and exec, and under a background job
+    (`nohup make test &`) SIGINT arrives ignored, so Python would never raise KeyboardInterrupt.
+    """
+    chosen = signals or (signal.SIGINT,)
+
+    def reset() -> None:
+        for sig in chosen:
+            signal.signal(sig, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, chosen)
+
+    return reset
 
 
 def lines_starting(text: str, prefix: str) -> list[str]:
@@ -124,10 +143,12 @@ def result_of(proc: subprocess.CompletedProcess):
 
 
 def manifest_entries(cache: Path, arch: str, module: str, keep) -> list[Path]:
-    """The entries of `module` for `arch` whose manifest record (function, params, ...) `keep`
-    accepts."""
-    manifest = json.loads((cache / "aiter_aot_manifest.json").read_text())
-    return [cache / rel for rel, record in manifest["archs"][arch][module].items() if keep(record)]
+    """The entries of `module` for `arch` whose manifest entry (a KernelEntry: function, params,
+    ...) `keep` accepts."""
+    from aiter.flydsl_bridge import manifest
+
+    kernels = manifest.read(cache).archs[arch][module]
+    return [cache / rel for rel, entry in kernels.items() if keep(entry)]
 
 
 def serve_with_fallback(source: str, env: dict[str, str], cache: Path, work: Path, doomed):

@@ -5,7 +5,6 @@ its size and content hash, and whether it is a whole entry for an arch.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -89,16 +88,6 @@ def file_digest(path: str | Path) -> tuple[int, str]:
     """Size and sha256 of a file."""
     data = Path(path).read_bytes()
     return len(data), hashlib.sha256(data).hexdigest()
-
-
-def record_mismatch(path: str | Path, record: Mapping[str, Any]) -> str | None:
-    """Why an entry's bytes are not the ones its manifest record lists, or None when they are."""
-    size, digest = file_digest(path)
-    if size != record.get("size") or digest != record.get("sha256"):
-        return (
-            f"changed since the build that listed it (size {size}, recorded {record.get('size')})"
-        )
-    return None
 
 
 def entry_defect(path: str | Path, arch: str) -> str | None:

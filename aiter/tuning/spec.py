@@ -8,7 +8,7 @@ import functools
 import itertools
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -75,18 +75,27 @@ class TableSpec:
         directory = self.directory or Path(os.environ.get(CONFIG_DIR_ENV) or CONFIG_DIR)
         return directory / self.name
 
-    def extra_paths(self) -> list[str]:
+    def env_paths(self) -> list[str]:
         """The files `env_var` names now, in merge order."""
         value = os.environ.get(self.env_var, "")
         return [p.strip() for p in re.split(f"[,{re.escape(os.pathsep)}]", value) if p.strip()]
 
-    def paths(self) -> list[str]:
-        """Every file the merged table is read from, in merge order."""
-        return [str(self.default_path), *self.extra_paths()]
+    def paths(self, extra_paths: Sequence[str] = ()) -> list[str]:
+        """Every file the merged table is read from, in merge order: the default file, those
+        `env_var` names, then `extra_paths` (the AOT builder's --csv files)."""
+        return [str(self.default_path), *self.env_paths(), *extra_paths]
 
-    def load(self) -> TunedTable:
-        """The merged table as the runtime sees it now (cached per value of env_var)."""
-        return _load_cached(self, self.default_path, os.environ.get(self.env_var, ""))
+    def env_value(self, extra_paths: Sequence[str] = ()) -> str:
+        """The value of `env_var` that names its files now and then `extra_paths`: what a
+        process sets so that its lookups merge `extra_paths` as `load(extra_paths)` does."""
+        now = os.environ.get(self.env_var, "")
+        return os.pathsep.join([*([now] if now else []), *extra_paths])
+
+    def load(self, extra_paths: Sequence[str] = ()) -> TunedTable:
+        """The merged table as the runtime sees it now, with `extra_paths` merged after the
+        files `env_var` names (cached per value of env_var and extra paths)."""
+        env_value = os.environ.get(self.env_var, "")
+        return _load_cached(self, self.default_path, env_value, tuple(extra_paths))
 
     def lookup(self, key: Mapping[str, object], value: int) -> Row | None:
         """The row serving `value` of the axis for the shape `key` (None: no row does)."""
@@ -114,13 +123,16 @@ def find_spec(short_name: str) -> TableSpec | None:
 
 
 @functools.cache
-def _load_cached(spec: TableSpec, default_path: Path, _env_value: str) -> TunedTable:
+def _load_cached(
+    spec: TableSpec, default_path: Path, _env_value: str, extra_paths: tuple[str, ...]
+) -> TunedTable:
     return load_table(
         default_path,
         columns=spec.columns,
         key=spec.key,
         m_column=spec.axis.column,
         env_var=spec.env_var,
+        extra_paths=extra_paths,
         exclude=spec.exclude,
     )
 

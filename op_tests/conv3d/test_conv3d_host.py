@@ -20,7 +20,6 @@ from aiter.ops.conv3d import plan as config
 from aiter.ops.conv3d.kernels import implicit_gemm as kernels
 from aiter.ops.conv3d.kernels.implicit_gemm import Conv3dGeometry, ConvTile
 from aiter.ops.conv3d.table import CONV3D
-from aiter.tuning import TableError
 
 BF16 = torch.bfloat16
 LAYER = dict(C="32", K="32", kT="3", kH="3", kW="3", pad_d="1", pad_h="1", pad_w="1")
@@ -179,22 +178,6 @@ def test_weights_are_packed_once_per_tensor(table, monkeypatch):
         aiter.conv3d(x, w, b, padding=1)
         assert len(calls) == 2
     assert not [k for k in entry._packed if k == id(w)] or entry._packed[id(w)][0]() is w
-
-
-@pytest.mark.parametrize(
-    "row, message",
-    [
-        ({"kernelName": "flydsl_conv3d_wmma_32x32_w2x2_g1"}, "names a wmma kernel"),
-        ({"tile_m": "64", "tile_n": "32", "wave_m": "2", "wave_n": "2", "wgm": "1",
-          "kernelName": "flydsl_conv3d_mfma_32x32_w2x2_g1"}, "disagrees with the row's tile"),
-        ({"tile_m": "64"}, "tile columns must be all set or all 0"),
-    ],
-)  # fmt: skip
-def test_a_bad_row_is_named(table, row, message):
-    path = table({"D": "8", **row})
-    with pytest.raises(TableError) as info:
-        run_conv(tensors(), padding=1)
-    assert f"{path}:2" in str(info.value) and message in str(info.value)
 
 
 @pytest.mark.parametrize(

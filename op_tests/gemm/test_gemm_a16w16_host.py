@@ -20,7 +20,6 @@ from aiter.ops.gemm.entry import gemm_a16w16
 from aiter.ops.gemm.kernels.a16w16 import SUPPORTED_TILES, GemmTile
 from aiter.ops.gemm.plan import KernelChoice
 from aiter.ops.gemm.table import A16W16
-from aiter.tuning import TableError
 
 BF16 = torch.bfloat16
 DEFAULT_TABLE = A16W16.default_path
@@ -492,7 +491,7 @@ def test_validation_errors_name_the_argument(make, kwargs, error, message) -> No
         assert records == [] and requests == []
 
 
-# --- tables with bad rows ---
+# --- extra tables (bad rows: tests/tables/test_bad_tables.py) ---
 
 
 def _extra_table(tmp_path: Path, monkeypatch, *rows: str) -> Path:
@@ -500,110 +499,6 @@ def _extra_table(tmp_path: Path, monkeypatch, *rows: str) -> Path:
     path.write_text("\n".join([HEADER, *rows]) + "\n")
     monkeypatch.setenv(A16W16.env_var, str(path))
     return path
-
-
-@pytest.mark.parametrize(
-    "kernel, detail",
-    [
-        (
-            "flydsl_a16w16_mfma_48x64x64",
-            "'flydsl_a16w16_mfma_48x64x64': tile not supported by the mfma kernel; supported: ",
-        ),
-        (
-            "flydsl_a16w16_wmma_16x64x64",
-            "'flydsl_a16w16_wmma_16x64x64' names a wmma kernel, but this arch uses mfma kernels",
-        ),
-        ("", "'' is not a flydsl_a16w16 kernel name: "),
-    ],
-)
-def test_bad_kernel_name_in_a_table_names_file_line_and_column(
-    tmp_path: Path, monkeypatch, run, kernel: str, detail: str
-) -> None:
-    path = _extra_table(
-        tmp_path,
-        monkeypatch,
-        "gfx942,304,4,320,64,0,torch.bfloat16,torch.bfloat16,flydsl,0,,flydsl_a16w16_mfma_16x64x64",
-        f"gfx942,304,8,320,64,0,torch.bfloat16,torch.bfloat16,flydsl,0,,{kernel}",
-    )
-    _, (record,), _ = run(4, 320, 64)  # the good row on line 2 still serves its bucket
-    assert (record.source, record.row) == ("table", f"{path}:2")
-    for m in (8, 5):  # the row itself, and an M in its bucket
-        with pytest.raises(TableError) as info:
-            run(m, 320, 64)
-        err = info.value
-        assert str(err).startswith(f"{path}:3: column 'kernelName': {detail}")
-        assert (err.path, err.line, err.column) == (str(path), 3, "kernelName")
-
-
-@pytest.mark.parametrize(
-    "kernel", ["flydsl_a16w16_mfma_64x64", "flydsl_a16w16_xmma_16x64x64", "gemm_16x64x64"]
-)
-def test_a_kernel_name_off_the_grammar_fails_the_table_at_load(
-    tmp_path: Path, monkeypatch, run, kernel: str
-) -> None:
-    path = _extra_table(
-        tmp_path,
-        monkeypatch,
-        "gfx942,304,4,320,64,0,torch.bfloat16,torch.bfloat16,flydsl,0,,flydsl_a16w16_mfma_16x64x64",
-        f"gfx942,304,8,320,64,0,torch.bfloat16,torch.bfloat16,flydsl,0,,{kernel}",
-    )
-    with pytest.raises(TableError) as info:
-        run(4, 320, 64)  # before any row serves: the whole table is refused
-    assert str(info.value) == (
-        f"{path}:3: column 'kernelName': expected flydsl_a16w16_<mfma|wmma>_<tile_m>x<tile_n>x"
-        f"<tile_k> or an empty cell, found {kernel!r}"
-    )
-
-
-@pytest.mark.parametrize(
-    "cells, column, expected",
-    [
-        ("gfx942,304,0,320,64", "M", "an integer >= 1"),
-        ("gfx942,304,8,-320,64", "N", "an integer >= 1"),
-        ("gfx942,304,8,320,0", "K", "an integer >= 1"),
-        ("gfx942,0,8,320,64", "cu_num", "an integer >= 1"),
-    ],
-)
-def test_shapes_below_one_fail_the_table_at_load(
-    tmp_path: Path, monkeypatch, run, cells: str, column: str, expected: str
-) -> None:
-    path = _extra_table(
-        tmp_path,
-        monkeypatch,
-        f"{cells},0,torch.bfloat16,torch.bfloat16,flydsl,0,,flydsl_a16w16_mfma_16x64x64",
-    )
-    with pytest.raises(TableError) as info:
-        run(4, 320, 64)
-    assert str(info.value).startswith(f"{path}:2: column '{column}': expected {expected}, found")
-    assert (info.value.line, info.value.column) == (2, column)
-
-
-def test_a_dtype_the_entry_does_not_take_fails_the_table_at_load(tmp_path, monkeypatch, run):
-    path = _extra_table(
-        tmp_path,
-        monkeypatch,
-        "gfx942,304,8,320,64,0,torch.int8,torch.bfloat16,flydsl,0,,flydsl_a16w16_mfma_16x64x64",
-    )
-    with pytest.raises(TableError) as info:
-        run(4, 320, 64)
-    assert str(info.value) == (
-        f"{path}:2: column 'dtype': expected one of torch.bfloat16, torch.float16, "
-        "found 'torch.int8'"
-    )
-
-
-def test_bad_libtype_in_a_table_names_file_line_and_column(tmp_path, monkeypatch, run) -> None:
-    path = _extra_table(
-        tmp_path,
-        monkeypatch,
-        "gfx942,304,8,320,64,0,torch.bfloat16,torch.bfloat16,triton,0,,flydsl_a16w16_mfma_16x64x64",
-    )
-    with pytest.raises(TableError) as info:
-        run(8, 320, 64)
-    assert str(info.value) == (
-        f"{path}:2: column 'libtype': expected one of flydsl, torch, found 'triton'"
-    )
-    assert (info.value.path, info.value.line, info.value.column) == (str(path), 2, "libtype")
 
 
 def test_extra_table_row_overrides_the_default_and_sets_split_k(tmp_path, monkeypatch, run):

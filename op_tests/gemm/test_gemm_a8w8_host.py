@@ -23,7 +23,6 @@ from aiter.ops.gemm.kernels.a8w8 import BLOCKSCALE_TILES, BPRESHUFFLE_TILES, A8W
 from aiter.ops.gemm.plan import plan
 from aiter.ops.gemm.table import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE
 from aiter.ops.shared import preshuffle
-from aiter.tuning import TableError
 
 FNUZ, FN, I8 = torch.float8_e4m3fnuz, torch.float8_e4m3fn, torch.int8
 BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
@@ -742,89 +741,6 @@ def _extra_table(tmp_path: Path, monkeypatch, spec, *rows: str, name: str = "ext
 def test_table_env_vars() -> None:
     assert A8W8_BPRESHUFFLE.env_var == "AITER_CONFIG_GEMM_A8W8_BPRESHUFFLE"
     assert A8W8_BLOCKSCALE.env_var == "AITER_CONFIG_GEMM_A8W8_BLOCKSCALE"
-
-
-@pytest.mark.parametrize(
-    "kernel, detail",
-    [
-        (
-            f"{BP}_mfma_16x64x32",
-            f"'{BP}_mfma_16x64x32': tile not supported by the mfma kernel; supported: ",
-        ),
-        (
-            f"{BP}_wmma_16x64x128",
-            f"'{BP}_wmma_16x64x128' names a wmma kernel, but this arch uses mfma kernels",
-        ),
-        ("", f"'' is not a {BP} kernel name: "),
-    ],
-)
-def test_bad_kernel_name_in_a_table_names_file_line_and_column(
-    tmp_path, monkeypatch, run, kernel: str, detail: str
-) -> None:
-    path = _extra_table(
-        tmp_path,
-        monkeypatch,
-        A8W8_BPRESHUFFLE,
-        f"gfx942,304,4,320,640,torch.float8_e4m3fnuz,flydsl,0,0,,{BP}_mfma_16x64x64",
-        f"gfx942,304,8,320,640,torch.float8_e4m3fnuz,flydsl,0,0,,{kernel}",
-    )
-    _, (record,), _, _ = bpreshuffle(run, 4, 320, 640)  # the good row on line 2 serves its bucket
-    assert (record.kernel, record.source, record.row) == (
-        f"{BP}_mfma_16x64x64",
-        "table",
-        f"{path}:2",
-    )
-    for m in (8, 5):  # the row itself, and an M in its bucket
-        with pytest.raises(TableError) as info:
-            bpreshuffle(run, m, 320, 640)
-        err = info.value
-        assert str(err).startswith(f"{path}:3: column 'kernelName': {detail}")
-        assert (err.path, err.line, err.column) == (str(path), 3, "kernelName")
-
-
-def test_another_familys_kernel_name_fails_the_table_at_load(tmp_path, monkeypatch, run) -> None:
-    path = _extra_table(
-        tmp_path,
-        monkeypatch,
-        A8W8_BPRESHUFFLE,
-        f"gfx942,304,8,320,640,torch.float8_e4m3fnuz,flydsl,0,0,,{BS}_mfma_16x64x128",
-    )
-    with pytest.raises(TableError) as info:
-        bpreshuffle(run, 4, 320, 640)
-    assert str(info.value).startswith(
-        f"{path}:2: column 'kernelName': expected {BP}_<mfma|wmma>_<tile_m>x<tile_n>x<tile_k>"
-    )
-
-
-def test_bad_libtype_in_a_table_names_file_line_and_column(tmp_path, monkeypatch, run) -> None:
-    path = _extra_table(
-        tmp_path,
-        monkeypatch,
-        A8W8_BPRESHUFFLE,
-        f"gfx942,304,8,320,640,torch.float8_e4m3fnuz,ck,0,0,,{BP}_mfma_16x64x64",
-    )
-    with pytest.raises(TableError) as info:
-        bpreshuffle(run, 8, 320, 640)
-    assert (
-        str(info.value) == f"{path}:2: column 'libtype': expected one of flydsl, torch, found 'ck'"
-    )
-    assert (info.value.path, info.value.line, info.value.column) == (str(path), 2, "libtype")
-
-
-def test_bad_kernel_name_in_a_blockscale_table(tmp_path, monkeypatch, run) -> None:
-    path = _extra_table(
-        tmp_path,
-        monkeypatch,
-        A8W8_BLOCKSCALE,
-        f"gfx942,304,8,256,256,flydsl,0,0,,{BS}_mfma_16x64x64",
-    )
-    with pytest.raises(TableError) as info:
-        blockscale(run, 8, 256, 256)
-    assert str(info.value) == (
-        f"{path}:2: column 'kernelName': '{BS}_mfma_16x64x64': tile not supported by the mfma "
-        f"kernel; supported: {ALL_BS_TILES}"
-    )
-    assert (info.value.line, info.value.column) == (2, "kernelName")
 
 
 def test_extra_row_with_a_lower_us_overrides_the_default(tmp_path, monkeypatch, run) -> None:

@@ -18,7 +18,6 @@ from aiter.aot.flydsl.dry_run import dry_run
 from aiter.ops.moe import host_planner as moe_host
 from aiter.ops.moe import plan as moe_plan
 from aiter.ops.moe.table import FMOE
-from aiter.tuning import TableError
 
 BF16, FN, FNUZ = torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz
 SHAPE = dict(model_dim=2048, inter=256, experts=8, topk=2)
@@ -239,27 +238,6 @@ def test_fallback_tagged_and_one_stage_rows_are_skipped(table):
     )
     assert moe_plan.tuned_row(_key(), 60)[1] is None
     assert moe_plan.tuned_row(_key(), 100)[1] is None
-
-
-@pytest.mark.parametrize(
-    "row, message",
-    [
-        ({"block_m": "16", "kernelName1": "flydsl_moe1_mfma_32x64x64"}, "differs from the row's block_m 16"),
-        ({"kernelName1": "flydsl_moe1_wmma_32x64x64"}, "names a wmma kernel, but this arch uses mfma"),
-        ({"kernelName2": "flydsl_moe2_mfma_128x64x64_atomic"}, "tile not supported"),
-    ],
-)  # fmt: skip
-def test_a_bad_row_is_named(table, row, message):
-    path = table({"token": "64", **row})
-    with pytest.raises(TableError) as info:
-        run_moe(50)
-    assert f"{path}:2" in str(info.value) and message in str(info.value)
-
-
-def test_a_misspelled_kernel_name_fails_at_load(table):
-    with pytest.raises(TableError, match="kernelName2"):
-        table({"token": "64", "kernelName2": "flydsl_moe2_mfma_32x64x64_atomc"})
-        FMOE.load()
 
 
 def test_default_table_rows_serve_their_shapes():

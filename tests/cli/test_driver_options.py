@@ -1,12 +1,16 @@
 """The command line's decisions made in-process, without replaying: which table a --csv
-extends, which modules --module names, and the usage errors for both."""
+extends, which modules --module names, the usage errors for both, and that --csv reaches the
+replay as data of the Build (and its fingerprint), never as a change of the driver's environment.
+"""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 from aiter.aot.flydsl import registry
-from aiter.aot.flydsl.options import UsageError, assign_csv
+from aiter.aot.flydsl.options import UsageError, assign_csv, parse
 from aiter.ops.gemm.table import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16
 
 SPECS = [A16W16, A8W8_BPRESHUFFLE, A8W8_BLOCKSCALE]
@@ -82,3 +86,105 @@ def test_extra_modules_join_the_registry(monkeypatch) -> None:
     monkeypatch.setenv(registry.EXTRA_MODULES_ENV, "tests.fixtures.tag_family")
     assert registry.registered()["tag_family"] == "tests.fixtures.tag_family"
     assert registry.select(["tags"]) == {"tag_family": "tests.fixtures.tag_family"}
+
+
+@pytest.mark.parametrize("extra", ["a.tag_family,b.tag_family", "mine.gemm"])
+def test_extra_modules_of_one_name_are_a_usage_error(monkeypatch, extra) -> None:
+    monkeypatch.setenv(registry.EXTRA_MODULES_ENV, extra)
+    with pytest.raises(ValueError, match=f"{registry.EXTRA_MODULES_ENV}: .* are both AOT module"):
+        registry.registered()
+    with pytest.raises(UsageError, match="are both AOT module"):
+        parse(None, [])
+
+
+def test_an_extra_module_named_twice_is_one_module(monkeypatch) -> None:
+    monkeypatch.setenv(
+        registry.EXTRA_MODULES_ENV, "tests.fixtures.tag_family,tests.fixtures.tag_family"
+    )
+    assert registry.registered()["tag_family"] == "tests.fixtures.tag_family"
+
+
+# --- --csv is data of the Build, never a change of the driver's environment ---
+
+MODULE_SOURCE = """
+from pathlib import Path
+
+from aiter.aot.flydsl.jobs import Family
+from aiter.tuning import BucketAxis, Column, TableSpec
+
+TABLE = TableSpec(
+    name="opt.csv",
+    short_name="opt",
+    env_var="AITER_TEST_OPTIONS_CSV",
+    columns=(Column("gfx", "str"), Column("cu_num", "int"), Column("M", "int")),
+    key=("gfx", "cu_num", "M"),
+    axis=BucketAxis("M", "M"),
+    directory=Path(__file__).parent,
+)
+FAMILY = Family(name="opt", tables=(TABLE,), caller=lambda spec, row, variant: None)
+"""
+ENV_VAR = "AITER_TEST_OPTIONS_CSV"
+HEADER = "gfx,cu_num,M\n"
+
+
+@pytest.fixture
+def csv_module(tmp_path, monkeypatch, request):
+    """An AOT module (its import path) whose default table holds gfx942 rows only, an extra
+    table its variable names, and a --csv file that adds gfx950."""
+    name = f"options_csv_module_{abs(hash(request.node.name))}"
+    (tmp_path / f"{name}.py").write_text(MODULE_SOURCE)
+    (tmp_path / "opt.csv").write_text(HEADER + "gfx942,304,16\n")
+    (tmp_path / "env.csv").write_text(HEADER + "gfx942,304,32\n")
+    (tmp_path / "mine.csv").write_text(HEADER + "gfx950,256,64\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv(ENV_VAR, str(tmp_path / "env.csv"))
+    monkeypatch.delenv("GPU_ARCHS", raising=False)
+    return name
+
+
+def test_csv_extends_the_build_not_the_environment(csv_module, tmp_path, capsys) -> None:
+    from aiter.aot.flydsl.options import parse
+    from aiter.aot.flydsl.protocol import Mode
+
+    before = dict(os.environ)
+    mine = str(tmp_path / "mine.csv")
+    argv = ["--list", "--csv", f"opt={mine}", "--cache-dir", str(tmp_path / "cache")]
+    build = parse([csv_module], argv)
+    assert dict(os.environ) == before
+    assert build.mode is Mode.LIST
+    assert build.extra_tables == {"opt.csv": [mine]}
+    assert capsys.readouterr().err == f"--csv: {mine} extend opt.csv\n"
+    # The archs come from the tables merged with the --csv file: gfx950 is only in it.
+    assert [str(t) for t in build.targets] == ["gfx942", "gfx950"]
+    (spec,) = build.specs()
+    assert spec.paths(build.extra_paths(spec)) == [
+        str(tmp_path / f) for f in ("opt.csv", "env.csv", "mine.csv")
+    ]
+    # What the arch processes set, and a serving process sets the same way.
+    env_csv = str(tmp_path / "env.csv")
+    assert build.table_env() == {ENV_VAR: os.pathsep.join([env_csv, mine])}
+
+
+def test_without_csv_the_targets_are_the_tables_own(csv_module, tmp_path) -> None:
+    from aiter.aot.flydsl.options import parse
+
+    build = parse([csv_module], ["--list", "--cache-dir", str(tmp_path / "cache")])
+    assert build.extra_tables == {} and build.table_env() == {}
+    assert [str(t) for t in build.targets] == ["gfx942"]
+
+
+def test_the_fingerprint_covers_the_csv_file(csv_module, tmp_path) -> None:
+    from aiter.aot.flydsl import memo
+    from aiter.aot.flydsl.options import parse
+
+    mine = tmp_path / "mine.csv"
+    argv = ["--csv", f"opt={mine}", "--cache-dir", str(tmp_path / "cache")]
+    build = parse([csv_module], argv)
+    before, inputs = memo.fingerprint(build)
+    assert inputs["tables"][-1] == str(mine)
+    assert inputs["env"][ENV_VAR] == os.pathsep.join([str(tmp_path / "env.csv"), str(mine)])
+    assert memo.fingerprint(build)[0] == before
+    mine.write_text(HEADER + "gfx950,256,65\n")
+    assert memo.fingerprint(build)[0] != before
+    without = parse([csv_module], ["--cache-dir", str(tmp_path / "cache")])
+    assert memo.fingerprint(without)[0] != before

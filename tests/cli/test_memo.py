@@ -37,10 +37,9 @@ def _replayed(proc) -> bool:
     return replaying
 
 
-def _entries(cache: Path) -> dict[str, dict]:
-    """The manifest's entries of the axis module, each with the arch it serves."""
-    kernels = manifest.read_manifest(cache)["archs"]["gfx942"]["axis"]
-    return {rel: {**record, "arch": "gfx942"} for rel, record in kernels.items()}
+def _entries(cache: Path) -> dict[str, manifest.KernelEntry]:
+    """The manifest's entries of the axis module (for gfx942)."""
+    return manifest.read(cache).archs["gfx942"]["axis"]
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +75,9 @@ def rebuilds(base):
     entry.write_bytes(bytes(data))
     (caches["deleted"] / victim).unlink()
     for name in ("corrupt", "deleted"):
-        problems[name] = manifest.entry_problem(caches[name], victim, _entries(cache)[victim])
+        problems[name] = manifest.entry_problem(
+            caches[name], "gfx942", victim, _entries(cache)[victim]
+        )
     table_cache, table_env, table = setups["table"]
     table.write_text(TABLE.replace(",8\n", ",9\n"))  # one byte: experts 8 -> 9
     # The unchanged rebuild runs alone, so its time is its own.
@@ -155,7 +156,7 @@ def test_a_deleted_entry_is_replayed_and_restored(rebuilds):
     proc = rebuilds["procs"]["deleted"]
     assert _replayed(proc)
     assert f"memo: 1 entries not as built ({victim}: missing); replaying" in proc.stderr
-    assert manifest.entry_problem(cache, victim, _entries(cache)[victim]) is None
+    assert manifest.entry_problem(cache, "gfx942", victim, _entries(cache)[victim]) is None
 
 
 def test_a_corrupted_entry_is_replayed_and_restored(rebuilds):
@@ -164,29 +165,31 @@ def test_a_corrupted_entry_is_replayed_and_restored(rebuilds):
     proc = rebuilds["procs"]["corrupt"]
     assert _replayed(proc)
     assert f"memo: 1 entries not as built ({victim}: changed since the build" in proc.stderr
-    assert manifest.entry_problem(cache, victim, _entries(cache)[victim]) is None
+    assert manifest.entry_problem(cache, "gfx942", victim, _entries(cache)[victim]) is None
 
 
 def test_entry_problem_names_what_is_wrong(base, tmp_path):
     work, setups = base
     cache = setups["main"][0]
     entries = _entries(cache)
-    assert entries and all(manifest.entry_problem(cache, r, e) is None for r, e in entries.items())
-    rel, record = sorted(entries.items())[0]
-    wrong_arch = manifest.entry_problem(cache, rel, {**record, "arch": "gfx950"})
+    assert entries and all(
+        manifest.entry_problem(cache, "gfx942", r, e) is None for r, e in entries.items()
+    )
+    rel, entry = sorted(entries.items())[0]
+    wrong_arch = manifest.entry_problem(cache, "gfx950", rel, entry)
     assert wrong_arch == "holds code objects for ['gfx942'], expected gfx950"
     copy = tmp_path / "cache"
     shutil.copytree(cache, copy)
     (copy / rel).write_bytes((copy / rel).read_bytes() + b"\0")
-    assert manifest.entry_problem(copy, rel, record).startswith("changed since the build")
+    assert manifest.entry_problem(copy, "gfx942", rel, entry).startswith("changed since the build")
     (copy / rel).unlink()
-    assert manifest.entry_problem(copy, rel, record) == "missing"
+    assert manifest.entry_problem(copy, "gfx942", rel, entry) == "missing"
 
 
 def _recorded_inputs(cache: Path) -> tuple[str, fingerprint.FingerprintInputs]:
     """The fingerprint the build recorded, and its inputs rebuilt from the manifest."""
-    recorded = manifest.read_manifest(cache)["builds"][BUILD_KEY]
-    described = recorded["inputs"]
+    recorded = manifest.read(cache).builds[BUILD_KEY]
+    described = recorded.inputs
 
     def path(shown: str) -> str:
         return shown if os.path.isabs(shown) else str(REPO / shown)
@@ -199,13 +202,13 @@ def _recorded_inputs(cache: Path) -> tuple[str, fingerprint.FingerprintInputs]:
         targets=tuple(described["targets"]),
         options=tuple(sorted(described["options"].items())),
     )
-    return recorded["fingerprint"], inputs
+    return recorded.fingerprint, inputs
 
 
 def test_the_fingerprint_covers_aiter_sources_and_the_module(base):
     _, setups = base
     recorded, inputs = _recorded_inputs(setups["main"][0])
-    described = manifest.read_manifest(setups["main"][0])["builds"][BUILD_KEY]["inputs"]
+    described = manifest.read(setups["main"][0]).builds[BUILD_KEY].inputs
     assert "aiter/aot/flydsl/replay.py" in described["sources"]
     assert "tests/fixtures/axis_family.py" in described["sources"]
     assert ("FLYDSL_COMPILE_OPT_LEVEL", os.environ.get("FLYDSL_COMPILE_OPT_LEVEL", "")) in (
@@ -242,7 +245,7 @@ def test_another_flydsl_version_misses_the_memo(base):
     )
     other_fingerprint = fingerprint.compute(other)
     assert other_fingerprint != recorded
-    data = manifest.read_manifest(cache)
-    entries = manifest.memo_entries(data, ["axis"], ["gfx942"], recorded)
-    assert entries is not None and set(entries) == set(_entries(cache))
-    assert manifest.memo_entries(data, ["axis"], ["gfx942"], other_fingerprint) is None
+    built = manifest.read(cache)
+    listed = built.build_entries(["axis"], ["gfx942"], recorded)
+    assert listed == {"gfx942": _entries(cache)}
+    assert built.build_entries(["axis"], ["gfx942"], other_fingerprint) is None

@@ -204,7 +204,7 @@ def _split_entries(cache: Path, split_k: int) -> list[Path]:
     """gfx942's conv kernel entries compiled for `split_k` (the epilogue's left in place)."""
     return manifest_entries(
         cache, "gfx942", "conv3d",
-        lambda r: r["function"] == "conv3d_implicit" and f"split_k={split_k} " in r["params"],
+        lambda e: e.function == "conv3d_implicit" and f"split_k={split_k} " in e.params,
     )  # fmt: skip
 
 

@@ -6,13 +6,13 @@ small table so the test compiles a handful of kernels rather than the whole defa
 
 from __future__ import annotations
 
-import json
 import re
 import textwrap
 
 import pytest
 
 from aiter.aot.flydsl.protocol import ArchReport
+from aiter.flydsl_bridge import manifest
 from aiter.ops.gemm.table import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16
 from tests.aot_cli import REPO, lines_starting, read_report, run_aot
 
@@ -138,15 +138,15 @@ def test_forced_rebuild_compiles_nothing(build, setup, tmp_path):
 
 def test_manifest_records_both_archs_and_who_asked(build, setup):
     _, cache = setup
-    manifest = json.loads((cache / "aiter_aot_manifest.json").read_text())
-    assert set(manifest["archs"]) == {"gfx942", "gfx1250"}
-    assert set(manifest["versions"]) == {"aiter", "flydsl", "torch"}
-    for modules in manifest["archs"].values():
+    built = manifest.read(cache)
+    assert set(built.archs) == {"gfx942", "gfx1250"}
+    assert set(built.versions) == {"aiter", "flydsl", "torch"}
+    for modules in built.archs.values():
         for rel, entry in modules["gemm"].items():
-            assert (cache / rel).stat().st_size == entry["size"]
-            asked = entry["requested_by"][0]
-            assert asked["module"] == "gemm" and asked["axis"] == "M"
-            assert re.fullmatch(r".*bf16_tuned_gemm\.csv:\d+", asked["row"])
+            assert (cache / rel).stat().st_size == entry.size
+            asked = entry.requested_by[0]
+            assert asked.module == "gemm" and asked.axis == "M"
+            assert re.fullmatch(r".*bf16_tuned_gemm\.csv:\d+", asked.row)
 
 
 SERVE = textwrap.dedent("""

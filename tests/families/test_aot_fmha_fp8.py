@@ -164,11 +164,9 @@ FALLBACK = observed_calls_script(
 def test_the_fallback_serves_a_deleted_query_block_with_the_other(built, setup, tmp_path):
     env, _ = setup
     cache = Path(shutil.copytree(built[1], tmp_path / "cache"))
-    block128 = manifest_entries(
-        cache, "gfx942", "fmha_fp8", lambda r: "block_m=128 " in r["params"]
-    )
+    block128 = manifest_entries(cache, "gfx942", "fmha_fp8", lambda e: "block_m=128 " in e.params)
     assert block128 and manifest_entries(
-        cache, "gfx942", "fmha_fp8", lambda r: "block_m=64 " in r["params"]
+        cache, "gfx942", "fmha_fp8", lambda e: "block_m=64 " in e.params
     )
     proc = serve_with_fallback(FALLBACK, env, cache, tmp_path, block128)
     planned = "flydsl_fmha_fp8_mfma_bm128_d128x128_r6 splits=1"

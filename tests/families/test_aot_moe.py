@@ -225,7 +225,7 @@ def _stage1_entries(cache: Path, ksplit: int) -> list[Path]:
     """gfx942's stage-1 GEMM entries compiled with `ksplit`."""
     return manifest_entries(
         cache, "gfx942", "moe",
-        lambda r: r["function"] == "moe_stage1" and f"ksplit={ksplit} " in r["params"],
+        lambda e: e.function == "moe_stage1" and f"ksplit={ksplit} " in e.params,
     )  # fmt: skip
 
 

@@ -113,3 +113,22 @@ def test_documented_limit_equal_neighbouring_samples_hide_a_blip() -> None:
 
     assert segments(blip, 1, 8) == [Segment(1, 8, "a")]
     assert 5 not in calls
+
+
+def test_named_points_find_a_value_that_stands_alone() -> None:
+    # The same blip at 5, found once 5 is named: a row that serves only its own tabled value.
+    def blip(m: int) -> str:
+        return "b" if m == 5 else "a"
+
+    assert segments(blip, 1, 8, points=[5]) == [
+        Segment(1, 4, "a"),
+        Segment(5, 5, "b"),
+        Segment(6, 8, "a"),
+    ]
+
+
+def test_named_points_outside_the_range_are_ignored() -> None:
+    value_at, calls = counting([300])
+    assert segments(value_at, 129, 256, points=[1, 128, 257, 9000]) == [Segment(129, 256, ())]
+    assert min(calls) == 129 and max(calls) == 256
+    assert sorted(calls) == sample_points(129, 256)

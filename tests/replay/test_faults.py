@@ -16,9 +16,17 @@ from pathlib import Path
 
 import pytest
 
+from aiter.flydsl_bridge import manifest
 from aiter.flydsl_bridge.entries import entry_defect, file_digest
-from aiter.flydsl_bridge.manifest import MANIFEST_NAME, read_manifest
-from tests.aot_cli import lines_starting, read_report, run_aot, run_aot_together, start_aot
+from aiter.flydsl_bridge.manifest import MANIFEST_NAME
+from tests.aot_cli import (
+    default_signals,
+    lines_starting,
+    read_report,
+    run_aot,
+    run_aot_together,
+    start_aot,
+)
 
 pytestmark = pytest.mark.slow  # runs the command line, which replays and compiles
 
@@ -69,13 +77,13 @@ def check_cache(cache: Path, env: dict[str, str], module: str = MODULE):
 def manifest_mismatches(cache: Path) -> list[str]:
     """Manifest entries whose file is not the one recorded (size, sha256) or not whole."""
     wrong = []
-    for arch, modules in read_manifest(cache)["archs"].items():
+    for arch, modules in manifest.read(cache).archs.items():
         for kernels in modules.values():
-            for rel, record in kernels.items():
+            for rel, entry in kernels.items():
                 path = cache / rel
                 if not path.is_file():
                     wrong.append(f"{rel}: missing")
-                elif file_digest(path) != (record["size"], record["sha256"]):
+                elif file_digest(path) != (entry.size, entry.sha256):
                     wrong.append(f"{rel}: size/sha256 differ from the manifest")
                 elif entry_defect(path, arch):
                     wrong.append(f"{rel}: {entry_defect(path, arch)}")
@@ -210,20 +218,18 @@ def test_check_passes_for_each_builder(shared):
 
 def test_the_shared_manifest_holds_every_arch_and_module(shared):
     cache, _, _, _ = shared
-    data = read_manifest(cache)
-    assert {arch: sorted(modules) for arch, modules in data["archs"].items()} == {
+    data = manifest.read(cache)
+    assert {arch: sorted(modules) for arch, modules in data.archs.items()} == {
         "gfx942": ["axis", "faults"],
         "gfx950": ["axis", "faults"],
     }
-    assert sorted(data["builds"]) == [
+    assert sorted(data.builds) == [
         "axis|gfx942",
         "axis|gfx950",
         "faults|gfx942",
         "faults|gfx950",
     ]
-    listed = {
-        cache / rel for modules in data["archs"].values() for k in modules.values() for rel in k
-    }
+    listed = {cache / rel for rel in data.entries()}
     # Every entry on disk is listed, whole and as recorded; none is listed that is not there.
     assert set(entries(cache)) == listed
     assert manifest_mismatches(cache) == []
@@ -292,8 +298,10 @@ def test_an_interrupted_build_says_so_and_leaves_no_process(tmp_path):
     cache = tmp_path / "cache"
     args = ("--cache-dir", str(cache), "-j", "2")
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
-    # As Ctrl-C would: SIGINT to the whole group, whose processes take it as KeyboardInterrupt.
-    proc = start_aot(MODULE, *args, env=env, start_new_session=True, **pipes)
+    # As Ctrl-C would: SIGINT to the whole group, whose processes take it as KeyboardInterrupt
+    # (as in a terminal, whatever disposition this pytest inherited).
+    interruptible = {"start_new_session": True, "preexec_fn": default_signals(signal.SIGINT)}
+    proc = start_aot(MODULE, *args, env=env, **interruptible, **pipes)
     deadline = time.monotonic() + 300
     while not _compiling(cache):
         assert proc.poll() is None and time.monotonic() < deadline
@@ -455,9 +463,10 @@ def damaged(tmp_path_factory):
     cache = work / "cache"
     succeeded(run_aot(MODULE, "--cache-dir", str(cache), "-j", "2", env=env))
     by_block = {}
-    for rel, record in read_manifest(cache)["archs"]["gfx942"]["faults"].items():
-        by_block[int(record["params"].rsplit("block=", 1)[1])] = cache / rel
-    (gfx950,) = [cache / rel for rel in read_manifest(cache)["archs"]["gfx950"]["faults"]]
+    built = manifest.read(cache)
+    for rel, entry in built.archs["gfx942"]["faults"].items():
+        by_block[int(entry.params.rsplit("block=", 1)[1])] = cache / rel
+    (gfx950,) = [cache / rel for rel in built.archs["gfx950"]["faults"]]
     victims = {  # block -> (how it is damaged, the start of why --check calls it corrupt)
         32: ("truncated", "not a readable FlyDSL entry ("),
         64: ("garbage", "not a readable FlyDSL entry ("),

@@ -1,21 +1,27 @@
-"""The replay's typed records survive a JSON round trip, nested records and optional fields
-included, and a job names itself the way reports print it."""
+"""The replay's typed records survive a JSON round trip, nested records, optional fields and
+string enums included, and a job names itself the way reports print it."""
 
 from __future__ import annotations
 
 import json
 
+import pytest
+
 from aiter.aot.flydsl.protocol import (
     ArchReport,
     CompileResult,
     CompileTask,
+    EntryProblem,
     Finding,
     JobInfo,
     JobResult,
     KernelRef,
     Missing,
+    Mode,
     Sample,
+    SampleProblem,
     Segment,
+    Tag,
     from_json,
     to_json,
 )
@@ -78,3 +84,31 @@ def test_derived_views() -> None:
 def test_describe_names_file_line_axis_and_variant() -> None:
     assert JOB.describe() == "gfx942:304 t.csv:7 M 1-64 out_dtype=float16"
     assert GRID.describe() == "gfx950:256 g.csv:2 batch=4 seqlen 128-1024"
+
+
+def test_enum_fields_come_back_as_enums() -> None:
+    report = _report()
+    again = from_json(ArchReport, json.loads(json.dumps(to_json(report))))
+    assert type(again.mode) is Mode and again.mode is Mode.BUILD
+    assert [type(r.tag) for r in again.results] == [Tag, Tag]
+    assert again.results[1].tag is Tag.SKIP
+    assert type(again.results[0].missing[0].problem) is EntryProblem
+    assert again.results[0].findings[0].problem is SampleProblem.UNPROBED
+    corrupt = Missing(KERNEL, 1, 16, EntryProblem.CORRUPT, "truncated")
+    assert from_json(Missing, json.loads(json.dumps(to_json(corrupt)))) == corrupt
+
+
+def test_enums_are_their_values_in_json_and_text() -> None:
+    assert [t.value for t in Tag] == ["OK", "SKIP", "REFUSED", "UNREACHED", "FAIL"]
+    assert [m.value for m in Mode] == ["build", "list", "check"]
+    # Printed and serialized as before they were enums: job lines, summaries, --report.
+    assert f"{Tag.FAIL:<9}|{Mode.CHECK}" == "FAIL     |check"
+    assert json.dumps({"mode": Mode.LIST, Tag.OK: 1}) == '{"mode": "list", "OK": 1}'
+    assert Tag.OK == "OK" and Tag.SKIP == "SKIP" and {Tag.FAIL: 1}["FAIL"] == 1
+    assert to_json(JobResult(JOB, tag=Tag.REFUSED))["tag"] == "REFUSED"
+
+
+def test_a_value_no_enum_member_has_is_refused() -> None:
+    data = to_json(JobResult(JOB))
+    with pytest.raises(ValueError, match="'MAYBE' is not a valid Tag"):
+        from_json(JobResult, {**data, "tag": "MAYBE"})

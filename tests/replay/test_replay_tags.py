@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from aiter.aot.flydsl.protocol import TAGS, ArchReport, JobResult
+from aiter.aot.flydsl.protocol import ArchReport, JobResult, Tag
+from aiter.flydsl_bridge import manifest
 from tests.aot_cli import lines_starting, read_report, run_aot
 
 TABLE = """gfx,cu_num,M,case
@@ -26,6 +27,7 @@ gfx942,304,4000,refused
 pytestmark = pytest.mark.slow  # runs the command line, which replays and compiles
 
 MODULE = "tests.fixtures.tag_family"
+TAGS = [tag.value for tag in Tag]  # as printed: the first word of a job line, summary columns
 MAX_M = 32768  # the default --max-m
 REFUSED_ABOVE = "in-between M 1001-32768 above the module's limit 1000 not replayed"
 # Each case is a shape of its own, so its top row serves M up to MAX_M; above the limit only
@@ -89,6 +91,7 @@ def test_every_tag_is_reported_for_its_row(build):
     found = {line: (r.tag, r.message) for line, r in by_line(report).items()}
     assert found == EXPECTED, proc.stdout + proc.stderr
     assert {tag for tag, _ in found.values()} == set(TAGS)
+    assert all(type(r.tag) is Tag for r in report.results)  # the JSON's strings, typed again
     assert all(r.job.module == "tags" and r.job.table == "tags.csv" for r in report.results)
 
 
@@ -134,16 +137,14 @@ def test_a_dead_worker_fails_only_its_job(build):
     assert report.results[failed[0].task.job].job.row.endswith("tags.csv:6")
     assert all(c.ok for c in report.compiles if c not in failed)
     assert document["summary"][0]["compiled"] == 2
-    manifest = json.loads((cache / "aiter_aot_manifest.json").read_text())
-    assert manifest["format"] == 2
-    kernels = manifest["archs"]["gfx942"]["tags"]
+    kernels = manifest.read(cache).archs["gfx942"]["tags"]
     # block 64 below the switch, 128 above it; the aborted job's block 256 never landed.
-    assert sorted(k["params"] for k in kernels.values()) == [
+    assert sorted(k.params for k in kernels.values()) == [
         "x=float32 y=float32 block=128",
         "x=float32 y=float32 block=64",
     ]
     assert all((cache / rel).is_file() for rel in kernels)
-    rows = {a["row"].rsplit(":", 1)[1] for k in kernels.values() for a in k["requested_by"]}
+    rows = {a.row.rsplit(":", 1)[1] for k in kernels.values() for a in k.requested_by}
     assert rows == {"2", "7", "8"}
     assert report.compiled() == {str(cache / rel) for rel in kernels}
 

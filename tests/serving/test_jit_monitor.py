@@ -22,7 +22,7 @@ import pytest
 
 from aiter import dispatch, jit_monitor
 from aiter import flydsl_bridge as bridge
-from aiter.flydsl_bridge import watching
+from aiter.flydsl_bridge import manifest, watching
 from aiter.jit_monitor import (
     ABSENT,
     ALLOW,
@@ -256,21 +256,19 @@ def _fake_cache(root: Path) -> Path:
     (root / f"gemm_a16w16_{'f' * 32}" / "old.pkl").write_bytes(b"")
     (root / f"gemm_a16w16_splitk_reduce_{MANAGER_KEY}").mkdir()  # another function
     (root / f"gemm_a16w16_splitk_reduce_{MANAGER_KEY}" / "r.pkl").write_bytes(b"")
-    asked = {"row": "/t/bf16_tuned_gemm.csv:2", "axis": "M", "lo": 1, "hi": 32}
+    asked = manifest.Requester(
+        "gemm", "bf16_tuned_gemm.csv", "/t/bf16_tuned_gemm.csv:2", "M", 1, 32
+    )
+
+    def entry(params: tuple[tuple[str, str], ...], asked_by: int) -> manifest.KernelEntry:
+        text = " ".join(f"{k}={v}" for k, v in params)
+        return manifest.KernelEntry("gemm_a16w16", text, 0, "", requested_by=[asked] * asked_by)
+
     kernels = {
-        f"{kernel_dir.name}/one.pkl": {
-            "function": "gemm_a16w16",
-            "params": " ".join(f"{k}={v}" for k, v in _params(split_k="1")),
-            "requested_by": [asked],
-        },
-        f"{kernel_dir.name}/two.pkl": {
-            "function": "gemm_a16w16",
-            "params": " ".join(f"{k}={v}" for k, v in _params(split_k="8", c="bfloat16")),
-            "requested_by": [asked, asked],
-        },
+        f"{kernel_dir.name}/one.pkl": entry(_params(split_k="1"), 1),
+        f"{kernel_dir.name}/two.pkl": entry(_params(split_k="8", c="bfloat16"), 2),
     }
-    manifest = {"format": 2, "archs": {"gfx942": {"gemm": kernels}}, "builds": {}}
-    (root / "aiter_aot_manifest.json").write_text(json.dumps(manifest))
+    manifest.update_manifest(root, "gfx942", "gemm", kernels, {})
     return root
 
 
@@ -492,8 +490,7 @@ def built(tmp_path_factory):
     # The builder compiles whatever AITER_JIT says: the monitor leaves its processes alone.
     proc = run_aot("aiter.aot.flydsl.gemm", *args, env={**env, "AITER_JIT": "error"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    manifest = json.loads((cache / "aiter_aot_manifest.json").read_text())
-    return env, cache, manifest["archs"]["gfx942"]["gemm"]
+    return env, cache, manifest.read(cache).archs["gfx942"]["gemm"]
 
 
 @pytest.fixture
@@ -504,8 +501,8 @@ def cache(built, tmp_path) -> Path:
 
 def _entry(built, cache: Path, split_k: int) -> Path:
     """The cache entry of the main GEMM kernel built for the row with `split_k`."""
-    for rel, record in built[2].items():
-        if record["function"] == "gemm_a16w16" and f"split_k={split_k} " in record["params"]:
+    for rel, entry in built[2].items():
+        if entry.function == "gemm_a16w16" and f"split_k={split_k} " in entry.params:
             return cache / rel
     raise AssertionError(f"no split_k={split_k} entry was built")
 

@@ -405,13 +405,11 @@ def test_any_damage_loads_or_names_the_file(workdir, spec, data, bom):
 HEADER = ",".join(A16W16.header)
 ROW = "gfx942,304,256,4096,1024,0,torch.bfloat16,torch.bfloat16,flydsl,0,{us},{name}"
 NAME = "flydsl_a16w16_mfma_16x64x64"
+# Damage to the file as a whole; a bad cell of any family's table: tests/tables/test_bad_tables.py.
 
 
 def line(us: str = "10", name: str = NAME) -> str:
     return ROW.format(us=us, name=name)
-
-
-NUL_IN_M = line().replace("256", "2\x0056")
 
 
 @pytest.mark.parametrize(
@@ -421,37 +419,18 @@ NUL_IN_M = line().replace("256", "2\x0056")
         (f"{HEADER}\n{line()}\n{line()[:30]}", ":3: expected 12 cells"),
         (f'{HEADER}\n{line()}\n"{line()}', ":3: malformed CSV (unexpected end of data)"),
         (f'{HEADER}\n"gfx942"x{line()[6:]}\n', ":2: malformed CSV"),
-        (f"{HEADER}\n{NUL_IN_M}\n", ":2: column 'M': expected an integer, found '2\\x0056'"),
-        (f"{HEADER}\n{line().replace(',0,', ',1_000,', 1)}\n", ":2: column 'bias'"),
-        (f"{HEADER}\n{line().replace('flydsl', 'hipblaslt')}\n", ":2: column 'libtype'"),
-        (f"{HEADER}\n{line(us='fast')}\n", ":2: column 'us': expected a number or an empty cell"),
         (f"{HEADER.replace(',us,', ',US,')}\n{line()}\n", ": missing required column 'us'"),
         (f"{HEADER},M\n{line()},1\n", ":1: column 'M' appears twice in the header"),
         (f"{HEADER},\n{line()},\n", ":1: header cell 13 is empty"),
-        (
-            f"{HEADER}\n{line().replace(',256,', ',0,')}\n",
-            ":2: column 'M': expected an integer >= 1",
-        ),
-        (f"{HEADER}\n{line().replace('flydsl,0', 'flydsl,-1')}\n", ":2: column 'splitK'"),
-        (f"{HEADER}\n{line(name=NAME.replace('_16x', '_016x'))}\n", ":2: column 'kernelName'"),
-        (f"{HEADER}\n{line(name='flydsl_a8w8_blockscale_mfma_16x64x64')}\n", ":2: column 'kern"),
     ],
     ids=[
         "empty",
         "truncated-row",
         "unclosed-quote",
         "text-after-quote",
-        "nul-in-int",
-        "bool-typo",
-        "unknown-choice",
-        "us-not-a-number",
         "renamed-column",
         "duplicate-column",
         "trailing-comma",
-        "zero-M",
-        "negative-splitK",
-        "kernel-name-leading-zero",
-        "kernel-name-of-another-family",
     ],
 )
 def test_a_damaged_table_names_where(tmp_path, text, message):

@@ -1,13 +1,15 @@
 """Finds every value of an axis (M, tokens, a sequence length) at which the kernels a job
 requests change, calling the runtime sparingly.
 
-Samples the ends of the range and each power of two inside it, then bisects between neighbours
-that differ. Between two equal neighbouring samples the kernels are taken as constant.
+Samples the ends of the range, each power of two inside it and any points the caller names, then
+bisects between neighbours that differ. Between two equal neighbouring samples the value is taken
+as constant: exact for a monotone function (a value once left never returns); a value that may
+stand alone (a row that serves only its own tabled value) is found when its point is named.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -33,8 +35,14 @@ def sample_points(lo: int, hi: int) -> list[int]:
     return sorted(points)
 
 
-def segments(value_at: Callable[[int], V], lo: int, hi: int) -> list[Segment[V]]:
-    """Split [lo, hi] into maximal runs with one value; value_at is called once per point."""
+def segments(
+    value_at: Callable[[int], V], lo: int, hi: int, points: Iterable[int] = ()
+) -> list[Segment[V]]:
+    """Split [lo, hi] into maximal runs with one value; value_at is called once per point.
+
+    `points` are probed besides the samples (those outside [lo, hi] are ignored): values where
+    the function is known to be special, such as the tabled ones.
+    """
     if lo < 1 or hi < lo:
         raise ValueError(f"range of the axis must satisfy 1 <= lo <= hi, got [{lo}, {hi}]")
     seen: dict[int, V] = {}
@@ -53,9 +61,9 @@ def segments(value_at: Callable[[int], V], lo: int, hi: int) -> list[Segment[V]]
         mid = (a + b) // 2
         return changes(a, mid) + changes(mid, b)
 
-    points = sample_points(lo, hi)
+    probed = sorted(set(sample_points(lo, hi)) | {p for p in points if lo <= p <= hi})
     starts = [lo]
-    for a, b in zip(points, points[1:], strict=False):
+    for a, b in zip(probed, probed[1:], strict=False):
         starts += changes(a, b)
     ends = [s - 1 for s in starts[1:]] + [hi]
     return [Segment(s, e, at(s)) for s, e in zip(starts, ends, strict=True)]

@@ -11,16 +11,14 @@ import dataclasses
 import sys
 from collections.abc import Mapping, Sequence
 
-from aiter.aot.flydsl.jobs import Call, Family, Job
-from aiter.aot.flydsl.protocol import JobInfo
-from aiter.ops.conv3d.table import BORROW_RATIO, CONV3D
-from aiter.tuning import Row
-from aiter.tuning.spec import describe_variant
+from aiter.aot.flydsl.jobs import Call, Family
+from aiter.ops.conv3d.table import CONV3D
+from aiter.tuning import Row, TableSpec
 
 DTYPE = "bfloat16"  # the table is bf16's
 
 
-def caller(row: Row, variant: Mapping[str, str]) -> Call:
+def caller(spec: TableSpec, row: Row, variant: Mapping[str, str]) -> Call:
     """conv3d as a caller of this row's layer calls it, at a given frame count."""
     from aiter.ops.conv3d.entry import conv3d
 
@@ -53,62 +51,31 @@ def caller(row: Row, variant: Mapping[str, str]) -> Call:
     return call
 
 
-def served_frames(row: Row, top: int) -> list[tuple[int, int]]:
-    """The runs of frame counts (up to `top`) whose calls the runtime's lookup serves with `row`:
-    its own, and those whose output positions lie within BORROW_RATIO of its own."""
+def serving(spec: TableSpec, rows: Sequence[Row], frames: int) -> Row | None:
+    """The row of a layer's shape the runtime's lookup serves `frames` with: its own, or one whose
+    output positions lie within BORROW_RATIO (None: the heuristic, or a row of another shape of
+    the layer, serves; or too few frames for the kernel, no output).
+
+    Bisection finds these runs exactly: the lookup sees the frames only through the exact shape
+    (a tabled D, which is probed) and the output positions, which never decrease with the frames;
+    so the frames a row lends its tile to are one run around its own D, broken only at other
+    rows' own D."""
     from aiter.ops.conv3d.plan import find_row, row_geometry
 
-    geometry = row_geometry(row)
+    row = rows[0]
+    try:
+        call = dataclasses.replace(row_geometry(row), d=frames)
+    except ValueError:  # too few frames for the kernel: no output
+        return None
     has_bias = row["bias"].strip().lower() in ("1", "true", "1.0")
-    arch, cu_num = row["gfx"], row.int("cu_num")
-    runs: list[tuple[int, int]] = []
-    frames = 1
-    while frames <= top:
-        try:
-            call = dataclasses.replace(geometry, d=frames)
-        except ValueError:  # too few frames for the kernel: no output
-            frames += 1
-            continue
-        if call.positions > BORROW_RATIO * geometry.positions:
-            break
-        if find_row(call, has_bias, arch, cu_num)[0] == row:
-            if runs and runs[-1][1] == frames - 1:
-                runs[-1] = (runs[-1][0], frames)
-            else:
-                runs.append((frames, frames))
-        frames += 1
-    return runs
+    served = find_row(call, has_bias, row["gfx"], row.int("cu_num"))[0]
+    return served if served in rows else None
 
 
-def make_jobs(
-    family: Family, arch: str, cu_nums: frozenset[int] | None, maxima: Mapping[str, int]
-) -> list[Job]:
-    table = CONV3D.load()
-    top = maxima.get(CONV3D.axis.name, CONV3D.axis.default_max)
-    jobs = []
-    for row in table.rows:
-        if row["gfx"] != arch or (cu_nums is not None and row.int("cu_num") not in cu_nums):
-            continue
-        tabled = row.int("D")
-        for lo, hi in served_frames(row, top):
-            for variant in CONV3D.variants():
-                info = JobInfo(
-                    module=family.module,
-                    table=CONV3D.name,
-                    row=f"{row.source}:{row.line}",
-                    arch=arch,
-                    cu_num=row.int("cu_num"),
-                    variant=describe_variant(variant),
-                    axis=CONV3D.axis.name,
-                    lo=lo,
-                    hi=hi,
-                    tabled=tabled if lo <= tabled <= hi else None,
-                )
-                jobs.append(Job(info, caller(row, variant)))
-    return jobs
-
-
-FAMILY = Family(module="conv3d", tables=(CONV3D,), make_jobs=make_jobs)
+# Only the frame counts a row serves are replayed, the heuristic's are not.
+FAMILY = Family(
+    name="conv3d", tables=(CONV3D,), caller=caller, serving=serving, replay_unserved=False
+)
 
 
 def run(argv: Sequence[str] | None = None) -> int:

@@ -1,6 +1,6 @@
 """The AOT command line: runs one replay process per arch side by side on one worker budget
-(unless the memo finds the cache complete), shows progress, prints the report and summary,
-writes the manifest and decides the exit status.
+(unless the memo finds the cache complete), shows progress, prints the job lines and summary,
+writes the manifest and --report, and decides the exit status.
 
 Importing it, parsing the options and deciding that a cache is complete load neither torch nor
 FlyDSL.
@@ -27,13 +27,14 @@ from aiter.aot.flydsl.protocol import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
-    FAIL,
-    MODE_BUILD,
+    ArchProcessSpec,
     ArchReport,
+    Mode,
+    Tag,
     from_json,
     to_json,
 )
-from aiter.aot.flydsl.report import print_job_lines, print_summary, summary_rows
+from aiter.aot.flydsl.summary import print_job_lines, print_summary, summary_rows
 from aiter.arch import ArchTarget
 
 # What one compile worker may hold (measured peak about 390 MB) and one arch process (about
@@ -48,47 +49,56 @@ WORKER_MB_ENV = "AITER_AOT_WORKER_MB"
 
 def _estimates(cache_dir: str) -> dict[str, float]:
     """Seconds per kernel function, from the compile times an earlier build recorded."""
-    from aiter.flydsl_bridge.manifest import read_manifest
+    from aiter.flydsl_bridge import manifest
 
     try:
-        data = read_manifest(cache_dir)
+        return manifest.read(cache_dir).mean_compile_seconds()
     except ValueError:
         return {}
-    seconds: dict[str, list[float]] = {}
-    for modules in data["archs"].values():
-        for kernels in modules.values():
-            for record in kernels.values():
-                if record.get("compile_seconds"):
-                    seconds.setdefault(record["function"], []).append(record["compile_seconds"])
-    return {fn: sum(v) / len(v) for fn, v in seconds.items()}
 
 
 @dataclass
 class _ArchRun:
     target: ArchTarget
     proc: subprocess.Popen
-    progress: Any  # the read end of its progress pipe
+    pipe: Any  # the read end of its progress pipe
     held: int = 0
-    # Pieces of the line not yet ended: the final report is one long line that arrives in many
+    # Pieces of the line not yet ended: the ArchReport is one long line that arrives in many
     # reads, and re-scanning a growing string on every read would cost quadratic time.
     pending: list[str] = field(default_factory=list)
-    report: ArchReport | None = None  # sent as the last line of its progress pipe
+    arch_report: ArchReport | None = None  # sent as the last line of its progress pipe
 
 
-def _start(build: Build, target: ArchTarget, budget: Any, estimates: Path) -> _ArchRun:
+def _start(
+    build: Build,
+    target: ArchTarget,
+    workers: int,
+    budget: Any,
+    estimates: dict[str, float],
+    tmp: Path,
+) -> _ArchRun:
+    """Start the arch process of `target`: its ArchProcessSpec goes to a file in `tmp` whose
+    path is its only argument; it sends counts and its ArchReport back on a pipe."""
     read_fd, write_fd = os.pipe()
-    cmd = [sys.executable, "-m", "aiter.aot.flydsl.replay", "--arch-process"]
-    for path in build.modules.values():
-        cmd += ["--module", path]
-    cmd += ["--arch", target.arch, "--mode", build.mode, "--workers", str(build.workers)]
-    cmd += ["--progress-fd", str(write_fd), "--estimates", str(estimates)]
-    cmd += ["--sample", str(build.sample), "--seed", str(build.seed)]
-    cmd += ["--timeout", str(build.timeout)]
-    for name, value in build.maxima.items():
-        cmd += ["--max", f"{name}={value}"]
-    if target.cu_num is not None:
-        cmd += ["--cu-num", str(target.cu_num)]
-    env = {**build.env, **bridge.target_env(target.arch), **budget.child_env()}
+    spec = ArchProcessSpec(
+        modules=list(build.modules.values()),
+        arch=target.arch,
+        cu_num=target.cu_num,
+        mode=build.mode,
+        workers=workers,
+        maxima=dict(build.maxima),
+        sample=build.sample,
+        seed=build.seed,
+        timeout=build.timeout,
+        extra_tables={name: list(paths) for name, paths in build.extra_tables.items()},
+        estimates=estimates,
+        progress_fd=write_fd,
+    )
+    fd, spec_path = tempfile.mkstemp(prefix=f"{target.arch}-", suffix=".json", dir=tmp)
+    with os.fdopen(fd, "w") as f:
+        json.dump(to_json(spec), f)
+    cmd = [sys.executable, "-m", "aiter.aot.flydsl.replay", spec_path]
+    env = {**os.environ, **build.arch_env, **bridge.target_env(target.arch), **budget.child_env()}
     env[bridge.ENV_CACHE_DIR] = build.cache_dir
     # No GPU may be visible: everything must come from the dry run.
     env.update(HIP_VISIBLE_DEVICES="", ROCR_VISIBLE_DEVICES="", CUDA_VISIBLE_DEVICES="")
@@ -130,21 +140,19 @@ def _run_archs(build: Build) -> list[ArchReport]:
             f" MB per worker ({WORKER_MB_ENV})",
             file=sys.stderr,
         )
-        build.workers = workers
-    budget = WorkerBudget.create(build.workers)
+    budget = WorkerBudget.create(workers)
     labels = [str(t) for t in build.targets]
     board = ProgressBoard(labels)
-    reports: dict[str, ArchReport] = {}
+    arch_reports: dict[str, ArchReport] = {}
+    estimates = _estimates(build.cache_dir)
     with tempfile.TemporaryDirectory(prefix="aiter-aot-") as tmp:
-        estimates = Path(tmp) / "estimates.json"
-        estimates.write_text(json.dumps(_estimates(build.cache_dir)))
-        runs = [_start(build, t, budget, estimates) for t in build.targets]
+        runs = [_start(build, t, workers, budget, estimates, Path(tmp)) for t in build.targets]
         selector = selectors.DefaultSelector()
         for run in runs:
-            selector.register(run.progress, selectors.EVENT_READ, run)
+            selector.register(run.pipe, selectors.EVENT_READ, run)
         live = list(runs)
         try:
-            _follow(live, selector, board, reports, budget)
+            _follow(live, selector, board, arch_reports, budget, build.mode)
         finally:
             for run in live:  # interrupted: no arch process outlives the command
                 run.proc.kill()
@@ -152,28 +160,35 @@ def _run_archs(build: Build) -> list[ArchReport]:
         board.close()
         selector.close()
     budget.close()
-    return [reports[label] for label in labels]
+    return [arch_reports[label] for label in labels]
 
 
-def _follow(live: list[_ArchRun], selector: Any, board: Any, reports: dict, budget: Any) -> None:
-    """Show every arch's progress until each has ended, collecting its report."""
+def _follow(
+    live: list[_ArchRun],
+    selector: Any,
+    board: Any,
+    arch_reports: dict[str, ArchReport],
+    budget: Any,
+    mode: Mode,
+) -> None:
+    """Show every arch's progress until each has ended, collecting its ArchReport."""
     while live:
         for key, _ in selector.select(timeout=0.5):
             if not _read(key.data, board):
-                selector.unregister(key.data.progress)
+                selector.unregister(key.data.pipe)
         for run in [r for r in live if r.proc.poll() is not None]:
             live.remove(run)
-            if run.progress.fileno() in selector.get_map():
-                selector.unregister(run.progress)
-            while _read(run, board):  # what it sent before it ended, the report last
+            if run.pipe.fileno() in selector.get_map():
+                selector.unregister(run.pipe)
+            while _read(run, board):  # what it sent before it ended, the ArchReport last
                 pass
-            reports[str(run.target)] = _collect(run, budget)
+            arch_reports[str(run.target)] = _collect(run, budget, mode)
 
 
 def _read(run: _ArchRun, board: Any) -> bool:
     """Take in what an arch process sent on its pipe; False at the end of it."""
     try:
-        data = os.read(run.progress.fileno(), 1 << 20)
+        data = os.read(run.pipe.fileno(), 1 << 20)
     except BlockingIOError:  # ended, but an orphaned worker still holds the pipe open
         return False
     if not data:
@@ -188,21 +203,22 @@ def _read(run: _ArchRun, board: Any) -> bool:
     run.pending = [rest] if rest else []
     for line in lines:
         message = json.loads(line)
-        if "report" in message:
-            run.report = from_json(ArchReport, message["report"])
+        if "arch_report" in message:
+            run.arch_report = from_json(ArchReport, message["arch_report"])
             continue
         run.held = message.pop("held", 0)
         board.update(str(run.target), **message)
     return True
 
 
-def _collect(run: _ArchRun, budget: Any) -> ArchReport:
+def _collect(run: _ArchRun, budget: Any, mode: Mode) -> ArchReport:
+    """The ArchReport an ended arch process sent, or one that says why it sent none."""
     code = run.proc.returncode
-    if code == 0 and run.report is not None:
-        return run.report
+    if code == 0 and run.arch_report is not None:
+        return run.arch_report
     budget.add(run.held)  # what it held dies with it; give it back to the others
     why = f"arch process exited with {code}" + (" (usage error)" if code == EXIT_USAGE else "")
-    return ArchReport(arch=run.target.arch, mode="", crashed=why)
+    return ArchReport(arch=run.target.arch, mode=mode, crashed=why)
 
 
 # --- after the run ---
@@ -216,22 +232,17 @@ def _versions() -> dict[str, str]:
 
 def _recorded_seconds(cache_dir: str, arch: str) -> dict[str, float]:
     """Compile seconds an earlier build recorded per entry, kept for entries not rebuilt."""
-    from aiter.flydsl_bridge.manifest import read_manifest
+    from aiter.flydsl_bridge import manifest
 
     try:
-        modules = read_manifest(cache_dir)["archs"].get(arch, {})
+        return manifest.read(cache_dir).compile_seconds(arch)
     except ValueError:
         return {}
-    return {
-        rel: record.get("compile_seconds", 0.0)
-        for kernels in modules.values()
-        for rel, record in kernels.items()
-    }
 
 
 def write_manifest(build: Build, report: ArchReport) -> None:
     from aiter.flydsl_bridge.entries import file_digest
-    from aiter.flydsl_bridge.manifest import update_manifest
+    from aiter.flydsl_bridge.manifest import KernelEntry, Requester, update_manifest
 
     recorded = _recorded_seconds(build.cache_dir, report.arch)
     seconds: dict[str, float] = {}
@@ -239,10 +250,11 @@ def write_manifest(build: Build, report: ArchReport) -> None:
         for f in c.compiled:
             seconds[f] = c.seconds / max(len(c.compiled), 1)
     for module in build.families:
-        kernels: dict[str, dict[str, Any]] = {}
+        kernels: dict[str, KernelEntry] = {}
         for result in report.results:
             if result.job.module != module:
                 continue
+            job = result.job
             for seg in result.segments:
                 for k in seg.kernels:
                     if not k.path.is_file():  # the manifest lists what the cache holds
@@ -250,40 +262,43 @@ def write_manifest(build: Build, report: ArchReport) -> None:
                     rel = os.path.relpath(k.path, build.cache_dir)
                     if rel not in kernels:
                         size, digest = file_digest(k.path)
-                        kernels[rel] = {
-                            "function": k.function,
-                            "params": k.params,
-                            "size": size,
-                            "sha256": digest,
-                            "compile_seconds": seconds.get(str(k.path), recorded.get(rel, 0.0)),
-                            "requested_by": [],
-                        }
-                    kernels[rel]["requested_by"].append(
-                        {
-                            "module": module,
-                            "table": result.job.table,
-                            "row": result.job.row,
-                            "axis": result.job.axis,
-                            "lo": seg.lo,
-                            "hi": seg.hi,
-                            "fixed": result.job.fixed,
-                            "variant": result.job.variant,
-                        }
+                        kernels[rel] = KernelEntry(
+                            function=k.function,
+                            params=k.params,
+                            size=size,
+                            sha256=digest,
+                            compile_seconds=seconds.get(str(k.path), recorded.get(rel, 0.0)),
+                        )
+                    kernels[rel].requested_by.append(
+                        Requester(
+                            module=module,
+                            table=job.table,
+                            row=job.row,
+                            axis=job.axis,
+                            lo=seg.lo,
+                            hi=seg.hi,
+                            fixed=dict(job.fixed),
+                            variant=job.variant,
+                        )
                     )
         update_manifest(build.cache_dir, report.arch, module, kernels, _versions())
 
 
-def _write_report(
-    build: Build, reports: list[ArchReport], rows: list[dict[str, Any]], up_to_date: bool = False
+def _write_report_file(
+    build: Build,
+    arch_reports: list[ArchReport],
+    rows: list[dict[str, Any]],
+    up_to_date: bool = False,
 ) -> None:
-    """--report: the whole typed report; a build the memo answered has no arch reports."""
+    """--report PATH: the whole typed report as JSON (a build the memo answered has no
+    ArchReports)."""
     if not build.report_path:
         return
     document = {
         "mode": build.mode,
         "modules": list(build.modules),
         "up_to_date": up_to_date,
-        "archs": to_json(reports),
+        "archs": to_json(arch_reports),
         "summary": rows,
     }
     Path(build.report_path).write_text(json.dumps(document, indent=1))
@@ -299,15 +314,15 @@ def main(module_paths: Sequence[str] | None = None, argv: Sequence[str] | None =
     try:
         build = parse(module_paths, argv)
         fp = inputs = None
-        if build.mode == MODE_BUILD and build.targets:
+        if build.mode == Mode.BUILD and build.targets:
             fp, inputs = memo.fingerprint(build)
             if not build.no_memo and memo.memo_holds(build, fp):
-                _write_report(build, [], [], up_to_date=True)
+                _write_report_file(build, [], [], up_to_date=True)
                 return EXIT_OK
-            from aiter.toolchain import LinkerNotFound, configure_linker
+            from aiter.toolchain import LinkerNotFound, find_linker
 
-            try:
-                build.env["ROCM_PATH"] = str(configure_linker().rocm_path)
+            try:  # the arch processes link; this one only makes sure they can
+                build.arch_env["ROCM_PATH"] = str(find_linker().rocm_path)
             except LinkerNotFound as err:
                 raise UsageError(str(err)) from None
     except UsageError as err:
@@ -323,33 +338,33 @@ def main(module_paths: Sequence[str] | None = None, argv: Sequence[str] | None =
         file=sys.stderr,
     )
     try:
-        reports = _run_archs(build)
+        arch_reports = _run_archs(build)
     except KeyboardInterrupt:
         # Entries land whole or not at all, so an interrupted build leaves a usable cache.
         print("interrupted: the cache holds what was compiled so far; build again to finish",
               file=sys.stderr)  # fmt: skip
         return EXIT_INTERRUPTED
     failed = False
-    for report in reports:
+    for report in arch_reports:
         print_job_lines(report, build.mode, build.verbose)
-        failed |= bool(report.crashed) or any(r.tag == FAIL for r in report.results)
-        if build.mode == MODE_BUILD and not report.crashed:
+        failed |= bool(report.crashed) or any(r.tag == Tag.FAIL for r in report.results)
+        if build.mode == Mode.BUILD and not report.crashed:
             write_manifest(build, report)
-    rows = summary_rows(reports)
-    print_summary(rows, reports, build.maxima)
-    if build.mode == MODE_BUILD and not failed and fp is not None:
+    rows = summary_rows(arch_reports)
+    print_summary(rows, arch_reports, build.maxima)
+    if build.mode == Mode.BUILD and not failed and fp is not None:
         from aiter.flydsl_bridge.manifest import record_build
 
         record_build(
             build.cache_dir,
             build.modules,
-            {r.arch for r in reports},
+            {r.arch for r in arch_reports},
             [str(t) for t in build.targets],
             fp,
             inputs or {},
         )
-    _write_report(build, reports, rows)
-    if build.mode == MODE_BUILD:
+    _write_report_file(build, arch_reports, rows)
+    if build.mode == Mode.BUILD:
         print(f"cache: {build.cache_dir}")
         print(
             f"serve from it with: {bridge.ENV_CACHE_DIR}={build.cache_dir} {bridge.ENV_RUN_ONLY}=1 "

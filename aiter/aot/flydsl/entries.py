@@ -8,9 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from aiter.aot.flydsl.protocol import MISSING
+
+if TYPE_CHECKING:
+    from aiter.flydsl_bridge.manifest import KernelEntry
 
 
 class EntryAudit:
@@ -19,7 +22,7 @@ class EntryAudit:
     def __init__(self, cache_root: str | Path | None, arch: str) -> None:
         self.cache_root = Path(cache_root) if cache_root else None
         self.arch = arch
-        self._records: dict[Path, dict[str, Any]] | None = None
+        self._entries: dict[Path, KernelEntry] | None = None
         self._problems: dict[Path, str | None] = {}
 
     def problem(self, path: str | Path) -> str | None:
@@ -39,8 +42,8 @@ class EntryAudit:
         them is of the entries they replaced."""
         for path in map(Path, paths):
             self._problems.pop(path, None)
-            if self._records is not None:
-                self._records.pop(path, None)
+            if self._entries is not None:
+                self._entries.pop(path, None)
 
     def remove_corrupt(self, paths: Iterable[str | Path]) -> list[str]:
         """Delete entries that are there but not whole, so FlyDSL writes them anew."""
@@ -53,22 +56,21 @@ class EntryAudit:
         return removed
 
     def _inspect(self, path: Path) -> str | None:
-        from aiter.flydsl_bridge.entries import entry_defect, record_mismatch
+        from aiter.flydsl_bridge.entries import entry_defect
 
-        record = self._manifest_records().get(path)
-        return entry_defect(path, self.arch) or (record and record_mismatch(path, record)) or None
+        entry = self._manifest_entries().get(path)
+        return entry_defect(path, self.arch) or (entry and entry.mismatch(path)) or None
 
-    def _manifest_records(self) -> dict[Path, dict[str, Any]]:
-        if self._records is None:
-            from aiter.flydsl_bridge.manifest import read_manifest
+    def _manifest_entries(self) -> dict[Path, KernelEntry]:
+        """The manifest's entries of this arch, by path (read once: forget() drops rewritten ones)."""
+        if self._entries is None:
+            from aiter.flydsl_bridge import manifest
 
-            self._records = {}
+            self._entries = {}
             if self.cache_root is not None:
                 try:
-                    modules = read_manifest(self.cache_root)["archs"].get(self.arch, {})
+                    listed = manifest.read(self.cache_root).entries(self.arch)
                 except ValueError:
-                    modules = {}  # an unreadable manifest vouches for nothing
-                for kernels in modules.values():
-                    for rel, record in kernels.items():
-                        self._records[self.cache_root / rel] = record
-        return self._records
+                    listed = {}  # an unreadable manifest vouches for nothing
+                self._entries = {self.cache_root / rel: entry for rel, entry in listed.items()}
+        return self._entries

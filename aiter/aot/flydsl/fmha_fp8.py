@@ -19,15 +19,14 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 
-from aiter.aot.flydsl.jobs import Call, Family, Job, grid_jobs
+from aiter.aot.flydsl.jobs import Call, Family
 from aiter.ops.fmha_fp8.table import FMHA_FP8
-from aiter.tuning import Row
-from aiter.tuning.spec import describe_variant
+from aiter.tuning import Row, TableSpec
 
 SEQLEN_GRID_BASE = 4  # grid sequence lengths at powers of 4 (and the switch points)
 
 
-def caller(row: Row, variant: Mapping[str, str]) -> Call:
+def caller(spec: TableSpec, row: Row, variant: Mapping[str, str]) -> Call:
     """flash_attn_fp8 as a caller of this row's heads calls it, at (batch, query len, key len)."""
     from aiter.ops.fmha_fp8.entry import flash_attn_fp8
 
@@ -102,36 +101,18 @@ def batch_points(top: int) -> list[int]:
     return sorted(points)
 
 
-def make_jobs(
-    family: Family, arch: str, cu_nums: frozenset[int] | None, maxima: Mapping[str, int]
-) -> list[Job]:
-    table = FMHA_FP8.load()
-    cap = maxima.get(FMHA_FP8.axis.name, FMHA_FP8.axis.default_max)
-    jobs = []
-    for row in table.rows:
-        if row["gfx"] != arch or (cu_nums is not None and row.int("cu_num") not in cu_nums):
-            continue
-        top = min(row.int("max_seqlen"), cap)
-        grid = {
-            "batch": batch_points(row.int("max_batch")),
-            "seqlen_q": axis_points("seqlen_q", top),
-            "seqlen_k": axis_points("seqlen_k", top),
-        }
-        for variant in FMHA_FP8.variants():
-            jobs += grid_jobs(
-                family,
-                table=FMHA_FP8.name,
-                row=f"{row.source}:{row.line}",
-                arch=arch,
-                cu_num=row.int("cu_num"),
-                variant=describe_variant(variant),
-                grid=grid,
-                call=caller(row, variant),
-            )
-    return jobs
+def grid(spec: TableSpec, row: Row, maxima: Mapping[str, int]) -> dict[str, list[int]]:
+    """A row's grid: batch sizes up to its max_batch, both sequence lengths up to its max_seqlen
+    (cut at the deployment's maximum)."""
+    top = min(row.int("max_seqlen"), maxima.get(spec.axis.name, spec.axis.default_max))
+    return {
+        "batch": batch_points(row.int("max_batch")),
+        "seqlen_q": axis_points("seqlen_q", top),
+        "seqlen_k": axis_points("seqlen_k", top),
+    }
 
 
-FAMILY = Family(module="fmha_fp8", tables=(FMHA_FP8,), make_jobs=make_jobs)
+FAMILY = Family(name="fmha_fp8", tables=(FMHA_FP8,), caller=caller, grid=grid)
 
 
 def run(argv: Sequence[str] | None = None) -> int:

@@ -85,7 +85,7 @@ def caller(spec: TableSpec, row: Row, variant: Mapping[str, str]) -> Call:
     return _CALLERS[spec](row, variant)
 
 
-FAMILY = Family(module="gemm", tables=tuple(_CALLERS), caller=caller)
+FAMILY = Family(name="gemm", tables=tuple(_CALLERS), caller=caller)
 
 
 def run(argv: Sequence[str] | None = None) -> int:

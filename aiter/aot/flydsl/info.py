@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from importlib import metadata
 
 from aiter import cache_location
-from aiter.flydsl_bridge.manifest import manifest_path, read_manifest
+from aiter.flydsl_bridge import manifest
 
 # FlyDSL's cache keys hash its version, and torch's enters the traced kernels: a cache built with
 # other versions misses on every lookup.
@@ -42,22 +42,21 @@ def describe() -> list[str]:
             "  read-only: the runtime reads it through a writable overlay of links under "
             f"{cache_location._overlay_root()} (where a compile on the serving path lands)"
         )
-    if not manifest_path(path).is_file():
+    if not manifest.manifest_path(path).is_file():
         lines.append("  no aiter manifest there: not built by the AOT builder (or empty)")
         return lines
-    manifest = read_manifest(path)
-    for arch, modules in sorted(manifest.get("archs", {}).items()):
+    built = manifest.read(path)
+    for arch, modules in sorted(built.archs.items()):
         counts = ", ".join(
             f"{m} {len(entries)}" for m, entries in sorted(modules.items()) if entries
         )
         lines.append(f"  {arch}: {counts or 'no'} kernels")
-    built = manifest.get("versions", {})
     installed = installed_versions()
     lines.append(
-        "  built with: " + ", ".join(f"{p} {v}" for p, v in sorted(built.items()))
+        "  built with: " + ", ".join(f"{p} {v}" for p, v in sorted(built.versions.items()))
         + "; installed: " + ", ".join(f"{p} {v}" for p, v in sorted(installed.items()))
     )  # fmt: skip
-    problems = mismatches(built, installed)
+    problems = mismatches(built.versions, installed)
     for problem in problems:
         lines.append(f"  VERSION MISMATCH {problem}")
     if problems:

@@ -1,20 +1,30 @@
-"""What an AOT module declares (`Family`) and the jobs it makes: a table row or grid point, a
-caller variant and a range of one axis, with the call of the public entry at given axis values.
+"""What an AOT module declares (`Family`) and the jobs made from it, here and nowhere else: a table
+row or grid point, a caller variant and a range of one axis, with the call of the public entry.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping, Sequence
+from bisect import bisect_left
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from aiter.aot.flydsl.bisection import segments
 from aiter.aot.flydsl.protocol import JobInfo
 from aiter.tuning import Row, TableSpec
+from aiter.tuning.kinds import PARSERS
 from aiter.tuning.spec import describe_variant
 
 # Calls the public entry with every axis value by name, e.g. call(M=128).
 Call = Callable[..., object]
+# A row's caller variants, e.g. [{"out_dtype": "float16"}, {"out_dtype": "bfloat16"}].
+Variants = Callable[[TableSpec, Row], list[dict[str, str]]]
+# The row of a shape (its rows, sorted by their axis value) the runtime's lookup serves a call at
+# a value of the axis with; None when none of them does (the heuristic, or another shape's row).
+Serving = Callable[[TableSpec, Sequence[Row], int], Row | None]
+# A row's grid of several axes (axis -> values), given the deployment's maxima.
+Grid = Callable[[TableSpec, Row, Mapping[str, int]], Mapping[str, Sequence[int]]]
 
 
 @dataclass(frozen=True)
@@ -28,89 +38,187 @@ class Job:
 
 @dataclass(frozen=True)
 class Family:
-    """One AOT module: its tables, how a row and variant become a call of the public entry, and
-    the limits it declares. A module whose jobs are not one per row (a grid) gives make_jobs."""
+    """One AOT module: its tables, how a row and caller variant become a call of the public
+    entry, and what it declares about its jobs; `jobs` makes them all from these declarations.
 
-    module: str  # short name in reports and the manifest, e.g. "gemm"
+    A shape of a table (its rows of one arch and key but for the axis value) is replayed from 1
+    to the deployment's maximum, cut into runs where the row `serving` names changes (by default
+    the table's buckets: a row serves the values above the previous tabled one up to its own, the
+    top row everything above it) and where `segment_by` changes; each run is one job of the row
+    serving it per caller variant. A module whose rows each span a grid declares `grid` instead.
+    """
+
+    name: str  # short name in reports and the manifest, e.g. "gemm"
     tables: tuple[TableSpec, ...]
-    caller: Callable[[TableSpec, Row, Mapping[str, str]], Call] | None = None
-    make_jobs: (
-        Callable[[Family, str, frozenset[int] | None, Mapping[str, int]], list[Job]] | None
-    ) = None
+    caller: Callable[[TableSpec, Row, Mapping[str, str]], Call]
+    # A row's caller variants; None: every combination of its spec's open choices.
+    variants: Variants | None = None
+    # The runtime's own lookup of a shape's row; None: the table's buckets (`bucket_serving`).
+    serving: Serving | None = None
+    # A runtime function of the axis alone (MoE's padded token count): each run over which it is
+    # constant is a job of its own, even where one row serves several. Its jobs then come shape
+    # by shape; otherwise in the table's order of the rows they replay.
+    segment_by: Callable[[int], Hashable] | None = None
+    # Whether the runs no row of the shape serves (the heuristic does) are replayed, each as a
+    # job of the shape's row nearest to its start (tabled None).
+    replay_unserved: bool = True
+    # Each row's grid of several axes (attention): jobs along every grid edge instead of runs.
+    grid: Grid | None = None
     # Axis -> largest value replayed between tabled values; above it only tabled values are.
     limits: Mapping[str, int] = field(default_factory=dict)
+    # Packages outside aiter holding the family's runtime (entry, plan, kernels), by import name:
+    # their sources enter the build's fingerprint, as aiter's own do.
+    sources: tuple[str, ...] = ()
 
     def axes(self) -> dict[str, int]:
         """Each axis the module's tables bucket on, with the spec's default maximum."""
         return {spec.axis.name: spec.axis.default_max for spec in self.tables}
 
+    def variants_of(self, spec: TableSpec, row: Row) -> list[dict[str, str]]:
+        return self.variants(spec, row) if self.variants is not None else spec.variants()
+
     def jobs(
         self, arch: str, cu_nums: frozenset[int] | None, maxima: Mapping[str, int]
     ) -> list[Job]:
-        if self.make_jobs is not None:
-            return self.make_jobs(self, arch, cu_nums, maxima)
-        return [job for spec in self.tables for job in row_jobs(self, spec, arch, cu_nums, maxima)]
+        """Every job of `arch` (only rows of `cu_nums` when given), axes cut at `maxima`."""
+        jobs = []
+        for spec in self.tables:
+            rows = [
+                row
+                for row in spec.load().rows
+                if row["gfx"] == arch and (cu_nums is None or row.int("cu_num") in cu_nums)
+            ]
+            if self.grid is not None:
+                for row in rows:
+                    grid = self.grid(spec, row, maxima)
+                    for variant in self.variants_of(spec, row):
+                        jobs += grid_jobs(self, spec, row, variant, grid)
+            else:
+                jobs += run_jobs(
+                    self, spec, rows, maxima.get(spec.axis.name, spec.axis.default_max)
+                )
+        return jobs
 
     def describe_limits(self) -> list[str]:
         return [
-            f"{self.module}: {axis} above {limit} is replayed only at tabled values "
+            f"{self.name}: {axis} above {limit} is replayed only at tabled values "
             "(a limit the module declares)"
             for axis, limit in self.limits.items()
         ]
 
 
-def row_jobs(
+def job_info(
     family: Family,
     spec: TableSpec,
-    arch: str,
-    cu_nums: frozenset[int] | None,
-    maxima: Mapping[str, int],
-) -> list[Job]:
-    """One job per row of `arch` and caller variant, over the range of the axis the row serves.
+    row: Row,
+    variant: Mapping[str, str],
+    lo: int,
+    hi: int,
+    *,
+    tabled: int | None = None,
+    axis: str | None = None,
+    fixed: Mapping[str, int] | None = None,
+    cell: Mapping[str, list[int]] | None = None,
+    group: str = "",
+) -> JobInfo:
+    """The one place a JobInfo is made: the module, the table, the row ("path:line") with its
+    arch and CU count, the caller variant, and the range lo..hi of `axis` (default: the table's;
+    a grid's job names its own and the other axes' `fixed` values)."""
+    return JobInfo(
+        module=family.name,
+        table=spec.name,
+        row=row_ref(row),
+        arch=row["gfx"],
+        cu_num=row.int("cu_num"),
+        variant=describe_variant(variant),
+        axis=axis or spec.axis.name,
+        lo=lo,
+        hi=hi,
+        tabled=tabled,
+        fixed=dict(fixed or {}),
+        cell=dict(cell or {}),
+        group=group,
+    )
 
-    The top row of a shape also covers everything above it up to the deployment's maximum
-    (there the heuristic serves); ranges are cut at that maximum.
-    """
-    if family.caller is None:
-        raise ValueError(f"AOT module {family.module!r} declares neither caller nor make_jobs")
-    table = spec.load()
-    axis = spec.axis
-    top = maxima.get(axis.name, axis.default_max)
+
+def row_ref(row: Row) -> str:
+    return f"{row.source}:{row.line}"
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run of a shape's axis that one row serves (or, not `served`, the heuristic)."""
+
+    row: Row
+    lo: int
+    hi: int  # inclusive
+    served: bool = True
+
+
+def run_jobs(family: Family, spec: TableSpec, rows: Sequence[Row], top: int) -> list[Job]:
+    """One job per run of each shape's axis (`shape_runs`) and caller variant of its row; the
+    row's own value is the job's `tabled` when the row serves it inside the run."""
+    shapes: dict[tuple[object, ...], list[Row]] = {}
+    for row in rows:
+        shapes.setdefault(shape_of(spec, row), []).append(row)
+    runs = []
+    for shape in shapes.values():
+        runs += shape_runs(family, spec, sorted(shape, key=spec.row_axis_value), top)
+    if family.segment_by is None:
+        order = {row_ref(row): index for index, row in enumerate(rows)}
+        runs.sort(key=lambda run: order[row_ref(run.row)])  # stable: each row's in axis order
     jobs = []
-    for row in table.rows:
-        if row["gfx"] != arch or (cu_nums is not None and row.int("cu_num") not in cu_nums):
-            continue
-        lo, tabled = table.bucket_of(row)
-        hi = top if table.is_top(row) else min(tabled, top)
-        if lo > hi:
-            continue
-        for variant in spec.variants():
-            info = JobInfo(
-                module=family.module,
-                table=spec.name,
-                row=f"{row.source}:{row.line}",
-                arch=arch,
-                cu_num=row.int("cu_num"),
-                variant=describe_variant(variant),
-                axis=axis.name,
-                lo=lo,
-                hi=hi,
-                tabled=tabled if tabled <= top else None,
-            )
-            jobs.append(Job(info, family.caller(spec, row, variant)))
+    for run in runs:
+        value = spec.row_axis_value(run.row)
+        tabled = value if run.served and run.lo <= value <= run.hi else None
+        for variant in family.variants_of(spec, run.row):
+            info = job_info(family, spec, run.row, variant, run.lo, run.hi, tabled=tabled)
+            jobs.append(Job(info, family.caller(spec, run.row, variant)))
     return jobs
+
+
+def shape_runs(family: Family, spec: TableSpec, rows: Sequence[Row], top: int) -> list[Run]:
+    """The runs of 1..top over which the row serving one shape (`rows`, sorted by their axis
+    value) and the family's `segment_by` are constant, found by bisection; each row's value and
+    the next are probed too, so a row that serves only its own value is not missed."""
+    if top < 1:
+        return []
+    serving = family.serving or bucket_serving
+    values = [spec.row_axis_value(row) for row in rows]
+    points = sorted({p for v in values for p in (v, v + 1) if p <= top})
+    pieces = [(1, top)]
+    if family.segment_by is not None:
+        pieces = [(s.lo, s.hi) for s in segments(family.segment_by, 1, top, points)]
+    runs = []
+    for lo, hi in pieces:
+        for seg in segments(lambda value: serving(spec, rows, value), lo, hi, points):
+            if seg.value is not None:
+                runs.append(Run(seg.value, seg.lo, seg.hi))
+            elif family.replay_unserved:
+                nearest = min(rows, key=lambda row: abs(spec.row_axis_value(row) - seg.lo))
+                runs.append(Run(nearest, seg.lo, seg.hi, served=False))
+    return runs
+
+
+def bucket_serving(spec: TableSpec, rows: Sequence[Row], value: int) -> Row:
+    """The table's buckets: the row with the smallest tabled value >= `value`; above them all the
+    top row (the heuristic serves there, with the top row's shape)."""
+    index = bisect_left([spec.row_axis_value(row) for row in rows], value)
+    return rows[min(index, len(rows) - 1)]
+
+
+def shape_of(spec: TableSpec, row: Row) -> tuple[object, ...]:
+    """The row's shape: its key but for the axis, compared as the table's lookup compares it."""
+    kinds = {column.name: column.kind for column in spec.columns}
+    return tuple(PARSERS[kinds[name]](row[name]) for name in spec.key if name != spec.axis.column)
 
 
 def grid_jobs(
     family: Family,
-    *,
-    table: str,
-    row: str,
-    arch: str,
-    cu_num: int,
-    variant: str,
+    spec: TableSpec,
+    row: Row,
+    variant: Mapping[str, str],
     grid: Mapping[str, Sequence[int]],
-    call: Call,
 ) -> list[Job]:
     """Jobs over a grid of several axes: from every grid point, one job along each axis up to
     the next grid value (other axes fixed), so bisection runs along every edge. The first job of
@@ -119,8 +227,11 @@ def grid_jobs(
     values = {name: sorted(set(grid[name])) for name in names}
     for name, vs in values.items():
         if not vs or vs[0] < 1:
-            raise ValueError(f"grid axis {name!r} of {row}: expected values >= 1, got {vs}")
-    group = f"{row} {variant}".strip()
+            raise ValueError(
+                f"grid axis {name!r} of {row_ref(row)}: expected values >= 1, got {vs}"
+            )
+    call = family.caller(spec, row, variant)
+    group = f"{row_ref(row)} {describe_variant(variant)}".strip()
     jobs = []
     for point in itertools.product(*(values[n] for n in names)):
         at = dict(zip(names, point, strict=True))
@@ -128,16 +239,14 @@ def grid_jobs(
         cell = {n: [at[n], following[n] or at[n]] for n in names}
         edges = [n for n in names if following[n] is not None] or names[:1]
         for index, name in enumerate(edges):
-            info = JobInfo(
-                module=family.module,
-                table=table,
-                row=row,
-                arch=arch,
-                cu_num=cu_num,
-                variant=variant,
+            info = job_info(
+                family,
+                spec,
+                row,
+                variant,
+                at[name],
+                following[name] or at[name],
                 axis=name,
-                lo=at[name],
-                hi=following[name] or at[name],
                 fixed={n: at[n] for n in names if n != name},
                 cell=cell if index == 0 else {},
                 group=group,

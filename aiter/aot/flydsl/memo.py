@@ -4,22 +4,29 @@ every entry that build listed intact, replays nothing. Imports neither torch nor
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any
 
 from aiter.aot.flydsl import registry
-from aiter.aot.flydsl.options import Build
+from aiter.aot.flydsl.options import Build, UsageError
 
 
 def fingerprint(build: Build) -> tuple[str, dict[str, Any]]:
+    """The build's fingerprint and its inputs described: the tables merged with the --csv files
+    and the environment as the arch processes will see it."""
     from aiter.aot.flydsl import fingerprint as inputs_of
 
     extra = [registry.source_file(path) for path in build.modules.values()]
+    try:
+        extra += [f for family in build.families.values() for f in registry.family_sources(family)]
+    except ValueError as err:
+        raise UsageError(str(err)) from None
     inputs = inputs_of.FingerprintInputs(
         sources=tuple(inputs_of.package_sources(extra)),
-        tables=tuple(p for spec in build.specs() for p in spec.paths()),
-        env=inputs_of.fingerprint_env(build.env),
+        tables=tuple(p for spec in build.specs() for p in spec.paths(build.extra_paths(spec))),
+        env=inputs_of.fingerprint_env({**os.environ, **build.table_env()}),
         versions=inputs_of.package_versions(),
         targets=tuple(str(t) for t in build.targets),
         options=tuple(sorted((f"max-{k}", str(v)) for k, v in build.maxima.items())),
@@ -29,29 +36,31 @@ def fingerprint(build: Build) -> tuple[str, dict[str, Any]]:
 
 def memo_holds(build: Build, fp: str) -> bool:
     """True when the cache holds a complete build with this fingerprint, every entry intact."""
-    from aiter.flydsl_bridge.manifest import entry_problem, memo_entries, read_manifest
+    from aiter.flydsl_bridge import manifest
 
     start = time.perf_counter()
     try:
-        data = read_manifest(build.cache_dir)
+        built = manifest.read(build.cache_dir)
     except ValueError as err:
         print(f"memo: {err}; replaying", file=sys.stderr)
         return False
-    entries = memo_entries(data, build.modules, [str(t) for t in build.targets], fp)
-    if entries is None:
+    listed = built.build_entries(build.modules, [str(t) for t in build.targets], fp)
+    if listed is None:
         print("memo: no build with this fingerprint in the cache; replaying", file=sys.stderr)
         return False
     bad = [
         (rel, why)
-        for rel, rec in entries.items()
-        if (why := entry_problem(build.cache_dir, rel, rec))
+        for arch, entries in listed.items()
+        for rel, entry in entries.items()
+        if (why := manifest.entry_problem(build.cache_dir, arch, rel, entry))
     ]
     if bad:
         rel, why = bad[0]
         print(f"memo: {len(bad)} entries not as built ({rel}: {why}); replaying", file=sys.stderr)
         return False
+    count = sum(len(entries) for entries in listed.values())
     print(
-        f"up to date: the fingerprint matches and all {len(entries)} kernels of "
+        f"up to date: the fingerprint matches and all {count} kernels of "
         f"{', '.join(build.modules)} for {', '.join(map(str, build.targets))} are intact "
         f"({time.perf_counter() - start:.2f} s); nothing replayed (--no-memo replays)"
     )

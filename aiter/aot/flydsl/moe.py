@@ -9,11 +9,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 
-from aiter.aot.flydsl.jobs import Call, Family, Job
-from aiter.aot.flydsl.protocol import JobInfo
+from aiter.aot.flydsl.jobs import Call, Family
 from aiter.ops.moe.table import ACT_SWIGLU, FMOE, QUANT_PER_TOKEN, SWIGLU_VARIANTS
-from aiter.tuning import Row
-from aiter.tuning.spec import describe_variant
+from aiter.tuning import Row, TableSpec
 
 # The expert-parallel variant keeps 1 in EP_DEGREE experts local (at least one); how many does
 # not enter any kernel's key, only that a mask is passed.
@@ -33,15 +31,15 @@ def _empty(shape: tuple[int, ...], dtype):
     return torch.empty(shape, dtype=dtype, device="cuda")
 
 
-def _variants(row: Row) -> list[dict[str, str]]:
+def variants(spec: TableSpec, row: Row) -> list[dict[str, str]]:
     """The spec's caller variants, and for swiglu rows with and without expert biases."""
-    base = FMOE.variants()
+    base = spec.variants()
     if row["act_type"] != ACT_SWIGLU:
         return base
     return [v | {"bias": b} for v in base for b in SWIGLU_VARIANTS["bias"]]
 
 
-def caller(row: Row, variant: Mapping[str, str]) -> Call:
+def caller(spec: TableSpec, row: Row, variant: Mapping[str, str]) -> Call:
     """fused_moe as a caller of this row's layer calls it, at a given token count."""
     from aiter.ops.moe.entry import fused_moe
 
@@ -83,72 +81,33 @@ def caller(row: Row, variant: Mapping[str, str]) -> Call:
     return call
 
 
-def token_segments(top: int) -> list[tuple[int, int, int]]:
-    """(lo, hi, padded): the runs of 1..top over which the runtime's get_padded_M is constant."""
+def padded_tokens(tokens: int) -> int:
+    """The token count the runtime's table lookup uses (get_padded_M): each run of one padded
+    count is a job. get_padded_M never decreases, so bisection finds every run exactly."""
     from aiter.ops.moe.host_planner import get_padded_M
 
-    segments = []
-    lo = 1
-    while lo <= top:
-        padded = get_padded_M(lo)
-        # get_padded_M never decreases: bisect for the last token count with the same value.
-        hi, step_hi = lo, top
-        while hi < step_hi:
-            mid = (hi + step_hi + 1) // 2
-            if get_padded_M(mid) == padded:
-                hi = mid
-            else:
-                step_hi = mid - 1
-        segments.append((lo, hi, padded))
-        lo = hi + 1
-    return segments
+    return get_padded_M(tokens)
 
 
-def _shape_key(row: Row) -> tuple[str, ...]:
-    return tuple(row[name] for name in FMOE.key if name != FMOE.axis.column)
-
-
-def make_jobs(
-    family: Family, arch: str, cu_nums: frozenset[int] | None, maxima: Mapping[str, int]
-) -> list[Job]:
-    """For each shape of `arch`, one job per padded-token run from 1 to the deployment's maximum
-    and caller variant; the run is attributed to the row the runtime's lookup picks there (or,
-    where no row serves, to the shape's nearest row: the planner serves it)."""
+def serving(spec: TableSpec, rows: Sequence[Row], tokens: int) -> Row | None:
+    """The row of a shape the runtime's lookup serves `tokens` with; None: the planner serves
+    (its run is then a job of the shape's nearest row)."""
     from aiter.ops.moe.plan import tuned_row
 
-    table = FMOE.load()
-    top = maxima.get(FMOE.axis.name, FMOE.axis.default_max)
-    shapes: dict[tuple[str, ...], list[Row]] = {}
-    for row in table.rows:
-        if row["gfx"] == arch and (cu_nums is None or row.int("cu_num") in cu_nums):
-            shapes.setdefault(_shape_key(row), []).append(row)
-    segments = token_segments(top)
-    jobs = []
-    for rows in shapes.values():
-        rows.sort(key=lambda r: r.int("token"))
-        key = {name: rows[0][name] for name in FMOE.key if name != FMOE.axis.column}
-        for lo, hi, _padded in segments:
-            _, served = tuned_row(key, lo)
-            row = served or min(rows, key=lambda r: abs(r.int("token") - lo))
-            tabled = row.int("token") if served is not None else None
-            for variant in _variants(row):
-                info = JobInfo(
-                    module=family.module,
-                    table=FMOE.name,
-                    row=f"{row.source}:{row.line}",
-                    arch=arch,
-                    cu_num=row.int("cu_num"),
-                    variant=describe_variant(variant),
-                    axis=FMOE.axis.name,
-                    lo=lo,
-                    hi=hi,
-                    tabled=tabled if tabled is not None and lo <= tabled <= hi else None,
-                )
-                jobs.append(Job(info, caller(row, variant)))
-    return jobs
+    key = {name: rows[0][name] for name in spec.key if name != spec.axis.column}
+    return tuned_row(key, tokens)[1]
 
 
-FAMILY = Family(module="moe", tables=(FMOE,), make_jobs=make_jobs)
+# Each shape's tokens from 1 to the deployment's maximum, one job per padded-token run and caller
+# variant, of the row the runtime's lookup picks there.
+FAMILY = Family(
+    name="moe",
+    tables=(FMOE,),
+    caller=caller,
+    variants=variants,
+    serving=serving,
+    segment_by=padded_tokens,
+)
 
 
 def run(argv: Sequence[str] | None = None) -> int:

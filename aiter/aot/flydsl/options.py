@@ -1,7 +1,8 @@
 """The AOT command line's options and what they decide before anything runs: the modules, the
 mode, the tables and --csv, the archs, the cache directory and the deployment's maxima.
 
-Bad options are UsageErrors (exit 2). Reading them imports neither torch nor FlyDSL.
+Bad options are UsageErrors (exit 2). Reading them changes no environment variable and imports
+neither torch nor FlyDSL.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from aiter import flydsl_bridge as bridge
 from aiter.aot.flydsl import registry
 from aiter.aot.flydsl.jobs import Family
-from aiter.aot.flydsl.protocol import MODE_BUILD, MODE_CHECK, MODE_LIST
+from aiter.aot.flydsl.protocol import Mode
 from aiter.arch import ARCHS, ArchTarget, parse_gpu_archs
 from aiter.tuning import TableError, TableSpec
 
@@ -36,7 +37,7 @@ class Build:
 
     modules: dict[str, str]  # short name -> import path
     families: dict[str, Family]  # short name -> family
-    mode: str
+    mode: Mode
     cache_dir: str
     targets: list[ArchTarget]
     maxima: dict[str, int]
@@ -46,11 +47,28 @@ class Build:
     verbose: bool
     timeout: float = DEFAULT_TIMEOUT
     no_memo: bool = False
-    report_path: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
+    report_path: str | None = None  # --report PATH: the typed report as JSON
+    # --csv: table file name -> the files that extend it (resolved), merged after those the
+    # table's environment variable names.
+    extra_tables: dict[str, list[str]] = field(default_factory=dict)
+    # Variables the arch processes get on top of the driver's environment (ROCM_PATH).
+    arch_env: dict[str, str] = field(default_factory=dict)
 
     def specs(self) -> list[TableSpec]:
         return [spec for family in self.families.values() for spec in family.tables]
+
+    def extra_paths(self, spec: TableSpec) -> list[str]:
+        """The --csv files that extend `spec`, in merge order."""
+        return self.extra_tables.get(spec.name, [])
+
+    def table_env(self) -> dict[str, str]:
+        """The variables of the tables --csv extends as the arch processes set them (their own
+        files, then the --csv files): what a serving process sets to read the same tables."""
+        return {
+            spec.env_var: spec.env_value(self.extra_paths(spec))
+            for spec in self.specs()
+            if spec.name in self.extra_tables
+        }
 
 
 # --- tables and --csv ---
@@ -118,11 +136,13 @@ def assign_csv(specs: Sequence[TableSpec], items: Sequence[str]) -> dict[TableSp
     return assigned
 
 
-def _table_archs(specs: Sequence[TableSpec]) -> dict[str, set[int]]:
+def _table_archs(
+    specs: Sequence[TableSpec], extra_tables: dict[str, list[str]]
+) -> dict[str, set[int]]:
     archs: dict[str, set[int]] = {}
     for spec in specs:
         try:
-            rows = spec.load().rows
+            rows = spec.load(extra_tables.get(spec.name, [])).rows
         except TableError as err:
             raise UsageError(str(err)) from None
         for row in rows:
@@ -130,9 +150,11 @@ def _table_archs(specs: Sequence[TableSpec]) -> dict[str, set[int]]:
     return archs
 
 
-def _targets(specs: Sequence[TableSpec], modules: str) -> list[ArchTarget]:
+def _targets(
+    specs: Sequence[TableSpec], extra_tables: dict[str, list[str]], modules: str
+) -> list[ArchTarget]:
     text = os.environ.get("GPU_ARCHS", "")
-    table_archs = _table_archs(specs)
+    table_archs = _table_archs(specs, extra_tables)
     if not text.strip():
         return [ArchTarget(a) for a in ARCHS if a in table_archs]
 
@@ -155,12 +177,12 @@ def _targets(specs: Sequence[TableSpec], modules: str) -> list[ArchTarget]:
     return targets
 
 
-def _cache_dir(text: str | None, mode: str) -> str:
+def _cache_dir(text: str | None, mode: Mode) -> str:
     cache_dir = os.path.abspath(text or bridge.cache_dir_from_env())
     path = Path(cache_dir)
     if path.exists() and not path.is_dir():
         raise UsageError(f"--cache-dir {cache_dir}: is a file, expected a directory")
-    if mode == MODE_BUILD:
+    if mode == Mode.BUILD:
         try:
             path.mkdir(parents=True, exist_ok=True)
         except OSError as err:
@@ -253,16 +275,16 @@ def _all_axes(modules: dict[str, str]) -> dict[str, int]:
 
 def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Build:
     combined = module_paths is None
-    candidates = (
-        registry.registered() if combined else {p.rsplit(".", 1)[-1]: p for p in module_paths}
-    )
     try:
+        candidates = (
+            registry.registered() if combined else {p.rsplit(".", 1)[-1]: p for p in module_paths}
+        )
         axes = _all_axes(candidates)
     except (ImportError, ValueError) as err:
         raise UsageError(str(err)) from None
     prog = "python -m aiter.aot.flydsl" if combined else f"python -m {module_paths[0]}"
     args = _parser(prog, {"axes": axes, "modules": list(candidates)}, combined).parse_args(argv)
-    mode = MODE_LIST if args.list else MODE_CHECK if args.check else MODE_BUILD
+    mode = Mode.LIST if args.list else Mode.CHECK if args.check else Mode.BUILD
     if args.workers < 1:
         raise UsageError(f"--workers must be >= 1, got {args.workers}")
     if not (math.isfinite(args.timeout) and args.timeout > 0):
@@ -271,7 +293,7 @@ def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Bui
         report = Path(args.report)
         if report.is_dir() or not report.parent.is_dir():
             raise UsageError(f"--report {args.report}: expected a file in an existing directory")
-    if args.sample < 0 or (args.sample and mode != MODE_CHECK):
+    if args.sample < 0 or (args.sample and mode != Mode.CHECK):
         raise UsageError("--sample N needs --check and N >= 0")
     maxima = {name: getattr(args, f"max_{name}") for name in axes}
     for name, value in maxima.items():
@@ -286,8 +308,8 @@ def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Bui
     families = {}
     for path in modules.values():
         family = registry.load(path)
-        families[family.module] = family
-    modules = {f.module: p for f, p in zip(families.values(), modules.values(), strict=True)}
+        families[family.name] = family
+    modules = {f.name: p for f, p in zip(families.values(), modules.values(), strict=True)}
     # Only the axes of the modules replayed: the others would only clutter the summary.
     replayed_axes = {name for family in families.values() for name in family.axes()}
     maxima = {name: value for name, value in maxima.items() if name in replayed_axes}
@@ -306,12 +328,9 @@ def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Bui
         no_memo=args.no_memo,
         report_path=args.report,
     )
-    env = dict(os.environ)
     for spec, paths in assign_csv(build.specs(), args.csv).items():
-        joined = os.pathsep.join([p for p in [env.get(spec.env_var, "")] if p] + paths)
-        env[spec.env_var] = os.environ[spec.env_var] = joined
+        build.extra_tables[spec.name] = paths
         print(f"--csv: {', '.join(paths)} extend {spec.name}", file=sys.stderr)
-    build.env = env
     build.cache_dir = _cache_dir(args.cache_dir, mode)
-    build.targets = _targets(build.specs(), "/".join(families))
+    build.targets = _targets(build.specs(), build.extra_tables, "/".join(families))
     return build

@@ -1,5 +1,7 @@
-"""Progress of every per-arch process on one board: redrawn in place on a terminal, a few plain
-lines at a fixed interval otherwise, so thousands of jobs never mean thousands of lines.
+"""Progress of every per-arch process on one board in the driver: redrawn in place on a terminal,
+a few plain lines at a fixed interval otherwise, so thousands of jobs never mean thousands of lines.
+
+The counts come from each arch process's `replay.ProgressPipe`.
 """
 
 from __future__ import annotations

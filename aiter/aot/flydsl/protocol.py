@@ -1,27 +1,82 @@
-"""The replay's typed records: jobs, segments, kernel references, compile tasks, results and
-per-arch reports, each a dataclass with a JSON round trip (`to_json`, `from_json`).
+"""The replay's typed records: what one arch process is asked to do, jobs, segments, kernel
+references, compile tasks, results and per-arch reports, each a dataclass with a JSON round trip
+(`to_json`, `from_json`); tags, modes and problem kinds are string enums.
 
-The per-arch process sends them to the driver; the driver, the manifest, `--report` and the tests
-read them. Nothing here imports torch or FlyDSL.
+The driver writes an ArchProcessSpec for each arch process, which sends the others back; the
+driver, `--report` and the tests read them. Nothing here imports torch or FlyDSL.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import types
-import typing
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
-from typing import Any, TypeVar
 
-OK, SKIP, REFUSED, UNREACHED, FAIL = "OK", "SKIP", "REFUSED", "UNREACHED", "FAIL"
-TAGS = (OK, SKIP, REFUSED, UNREACHED, FAIL)
+# The JSON round trip of these records, re-exported for the code that imports it from here.
+from aiter.typed_json import from_json as from_json
+from aiter.typed_json import to_json as to_json
+
+# String enums: a member is its value ("OK", "build") in JSON, f-strings and comparisons.
+
+
+class Tag(StrEnum):
+    """How a job ended (README "Result tags")."""
+
+    OK = "OK"
+    SKIP = "SKIP"
+    REFUSED = "REFUSED"
+    UNREACHED = "UNREACHED"
+    FAIL = "FAIL"
+
+
+class Mode(StrEnum):
+    """What a replay does with the kernels it names: compile, list or check them."""
+
+    BUILD = "build"
+    LIST = "list"
+    CHECK = "check"
+
+
+class EntryProblem(StrEnum):
+    """Why the cache does not serve a kernel some call needs."""
+
+    MISSING = "missing"
+    CORRUPT = "corrupt"
+
+
+class SampleProblem(StrEnum):
+    """What the dense audit found wrong with a kernel named at a random point."""
+
+    MISSING = "missing"  # the cache lacks it
+    UNPROBED = "unprobed"  # no bisection probe of the job named it
+
+
+# The old names, for the modules that still import them (naming, audit, entries).
+OK, SKIP, REFUSED, UNREACHED, FAIL = Tag.OK, Tag.SKIP, Tag.REFUSED, Tag.UNREACHED, Tag.FAIL
+MODE_BUILD, MODE_LIST, MODE_CHECK = Mode.BUILD, Mode.LIST, Mode.CHECK
+MISSING, CORRUPT = EntryProblem.MISSING, EntryProblem.CORRUPT
+
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
-MODE_BUILD, MODE_LIST, MODE_CHECK = "build", "list", "check"
-MODES = (MODE_BUILD, MODE_LIST, MODE_CHECK)
-MISSING, CORRUPT = "missing", "corrupt"
 
-T = TypeVar("T")
+
+@dataclass(frozen=True)
+class ArchProcessSpec:
+    """Everything one arch process replays and how. The driver writes it as JSON to a file whose
+    path is the process's only argument (`python -m aiter.aot.flydsl.replay PATH`)."""
+
+    modules: list[str]  # import paths of the AOT modules, all replayed in this one process
+    arch: str
+    cu_num: int | None  # None: every CU count the tables hold for the arch
+    mode: Mode
+    workers: int  # at most this many at once; the driver's budget is shared by every arch
+    maxima: dict[str, int]  # axis -> the largest value the deployment serves
+    sample: int  # --check --sample N: random points named inside every segment
+    seed: int
+    timeout: float  # seconds a worker may take for one task
+    # Table file name -> the --csv files that extend it, merged after those its variable names.
+    extra_tables: dict[str, list[str]] = field(default_factory=dict)
+    estimates: dict[str, float] = field(default_factory=dict)  # compile seconds per function
+    progress_fd: int | None = None  # write end of the pipe to the driver (None: no driver)
 
 
 @dataclass(frozen=True)
@@ -90,7 +145,7 @@ class Missing:
     kernel: KernelRef
     lo: int
     hi: int
-    problem: str = MISSING  # MISSING or CORRUPT
+    problem: EntryProblem = EntryProblem.MISSING
     why: str = ""  # what is wrong with a corrupt entry
 
 
@@ -105,9 +160,9 @@ class Sample:
 
 @dataclass(frozen=True)
 class Finding:
-    """A sampled kernel the cache lacks ("missing") or the job's probes never named ("unprobed")."""
+    """A sampled kernel the cache lacks or the job's probes never named."""
 
-    problem: str
+    problem: SampleProblem
     values: dict[str, int]
     kernel: KernelRef
 
@@ -115,7 +170,7 @@ class Finding:
 @dataclass
 class JobResult:
     job: JobInfo
-    tag: str = OK
+    tag: Tag = Tag.OK
     message: str = ""
     segments: list[Segment] = field(default_factory=list)
     missing: list[Missing] = field(default_factory=list)
@@ -158,7 +213,7 @@ class CompileResult:
 @dataclass
 class ArchReport:
     arch: str
-    mode: str
+    mode: Mode
     results: list[JobResult] = field(default_factory=list)
     compiles: list[CompileResult] = field(default_factory=list)
     limits: list[str] = field(default_factory=list)  # declared limits that refused a range
@@ -177,39 +232,9 @@ class ArchReport:
         """Entries some call needs that the cache lacks (sampled points included)."""
         found = {m.kernel.path for r in self.results for m in r.missing}
         sampled = {
-            f.kernel.path for r in self.results for f in r.findings if f.problem == "missing"
+            f.kernel.path
+            for r in self.results
+            for f in r.findings
+            if f.problem == SampleProblem.MISSING
         }
         return found | sampled
-
-
-def to_json(record: Any) -> Any:
-    """A record (or list of records) as plain JSON data."""
-    if isinstance(record, list):
-        return [to_json(r) for r in record]
-    return dataclasses.asdict(record)
-
-
-def from_json(cls: type[T], data: Any) -> T:
-    """Rebuild a record of type `cls` from what `to_json` made of it."""
-    return _convert(cls, data)
-
-
-def _convert(tp: Any, value: Any) -> Any:
-    if dataclasses.is_dataclass(tp):
-        hints = typing.get_type_hints(tp)
-        kwargs = {
-            f.name: _convert(hints[f.name], value[f.name])
-            for f in dataclasses.fields(tp)
-            if f.name in value
-        }
-        return tp(**kwargs)
-    origin, args = typing.get_origin(tp), typing.get_args(tp)
-    if origin is list:
-        return [_convert(args[0], v) for v in value]
-    if origin is dict:
-        return {k: _convert(args[1], v) for k, v in value.items()}
-    if origin in (typing.Union, types.UnionType):
-        if value is None:
-            return None
-        return _convert(next(a for a in args if a is not type(None)), value)
-    return value

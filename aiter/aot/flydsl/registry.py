@@ -5,8 +5,10 @@ and each module's `FAMILY` names its tables. Nothing else lists modules or table
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from collections.abc import Sequence
+from pathlib import Path
 
 from aiter.aot.flydsl.jobs import Family, module_file
 
@@ -23,9 +25,16 @@ EXTRA_MODULES_ENV = "AITER_AOT_EXTRA_MODULES"
 def registered() -> dict[str, str]:
     """Short name -> import path of every module the combined build replays."""
     modules = dict(MODULES)
-    for path in os.environ.get(EXTRA_MODULES_ENV, "").split(","):
-        if path.strip():
-            modules[path.strip().rsplit(".", 1)[-1]] = path.strip()
+    for path in (p.strip() for p in os.environ.get(EXTRA_MODULES_ENV, "").split(",")):
+        name = path.rsplit(".", 1)[-1]
+        if not path or modules.get(name) == path:
+            continue
+        if name in modules:  # a module is named by its last component: two would replace each other
+            raise ValueError(
+                f"{EXTRA_MODULES_ENV}: {path} and {modules[name]} are both AOT module {name!r}; "
+                "rename one of them"
+            )
+        modules[name] = path
     return modules
 
 
@@ -44,15 +53,31 @@ def source_file(path: str) -> str:
     return module_file(importlib.import_module(path))
 
 
+def family_sources(family: Family) -> list[str]:
+    """Every Python file of the packages a family declares in `sources` (found without importing
+    them); ValueError names a package that cannot be found."""
+    files: list[str] = []
+    for name in family.sources:
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin is None:
+            raise ValueError(f"AOT module {family.name!r}: sources names {name!r}, not importable")
+        roots = [Path(p) for p in spec.submodule_search_locations or []]
+        if not roots:
+            files.append(str(Path(spec.origin).resolve()))
+        for root in roots:
+            files.extend(str(f.resolve()) for f in sorted(root.rglob("*.py")))
+    return files
+
+
 def select(names: Sequence[str] | None) -> dict[str, str]:
     """The modules `--module a,b` names (all registered when None); ValueError lists the choices."""
     modules = registered()
     if not names:
         return modules
     # A module answers to its registered name, its import path and the name its reports use.
-    aliases = {n: {n, p, load(p).module} for n, p in modules.items()}
+    aliases = {n: {n, p, load(p).name} for n, p in modules.items()}
     unknown = [n for n in names if not any(n in a for a in aliases.values())]
     if unknown:
-        known = ", ".join(sorted({load(p).module for p in modules.values()}))
+        known = ", ".join(sorted({load(p).name for p in modules.values()}))
         raise ValueError(f"--module {','.join(unknown)}: no such AOT module; registered: {known}")
     return {n: p for n, p in modules.items() if aliases[n] & set(names)}

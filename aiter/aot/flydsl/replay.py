@@ -1,13 +1,13 @@
 """The per-arch replay process: names every job's kernels by bisection inside a dry run, and
 compiles each missing kernel set in forked workers while naming goes on.
 
-Run by the driver as `python -m aiter.aot.flydsl.replay --arch-process ...`, one per arch, all
-modules in one process; the workers of every arch process share the driver's budget.
+Run by the driver as `python -m aiter.aot.flydsl.replay SPEC.json`, one per arch, all modules in
+one process, told what to do by the ArchProcessSpec the driver wrote; the workers of every arch
+process share the driver's budget. Counts and the final ArchReport go back on a pipe.
 """
 
 from __future__ import annotations
 
-import argparse
 import errno
 import heapq
 import json
@@ -29,15 +29,13 @@ from aiter.aot.flydsl.protocol import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
-    FAIL,
-    MODE_BUILD,
-    MODES,
-    OK,
-    REFUSED,
+    ArchProcessSpec,
     ArchReport,
     CompileResult,
     CompileTask,
     JobResult,
+    Mode,
+    Tag,
     from_json,
     to_json,
 )
@@ -46,10 +44,12 @@ DEFAULT_COMPILE_SECONDS = 1.0  # estimate for a kernel function no earlier build
 # Jobs a naming worker takes at once: enough that a fork's start-up is paid rarely, few enough
 # that every worker gets several chunks and compiles interleave with naming.
 MIN_NAMING_CHUNK, MAX_NAMING_CHUNK, CHUNKS_PER_WORKER = 8, 64, 4
+USAGE = "run an AOT module instead, e.g. python -m aiter.aot.flydsl"
 
 
-class Progress:
-    """Counts sent to the driver as JSON lines on a pipe (nothing when run without a driver)."""
+class ProgressPipe:
+    """The arch process's side of its pipe to the driver: counts as JSON lines while it runs,
+    its ArchReport as the last line (nothing is sent when run without a driver)."""
 
     def __init__(self, fd: int | None, budget: Any = None) -> None:
         self._out = os.fdopen(fd, "w", buffering=1) if fd is not None else None
@@ -64,14 +64,15 @@ class Progress:
             "phase": "naming",
         }
 
-    def send_report(self, report: ArchReport) -> None:
+    def send_arch_report(self, report: ArchReport) -> None:
         """The arch's report, as the last line on the pipe (a pipe still works where a full
         disk or a file-size limit stops files)."""
         if self._out is not None:
-            self._out.write(json.dumps({"report": to_json(report)}) + "\n")
+            self._out.write(json.dumps({"arch_report": to_json(report)}) + "\n")
             self._out.flush()
 
-    def update(self, force: bool = False, **counts: Any) -> None:
+    def send_counts(self, force: bool = False, **counts: Any) -> None:
+        """Update the counts; send them unless the last were sent under 0.2 s ago (or `force`)."""
         self.counts.update(counts)
         now = time.monotonic()
         if self._out is None or (not force and now - self._last < 0.2):
@@ -143,7 +144,7 @@ def plan_compiles(
     entries: EntryAudit,
 ) -> list[CompileTask]:
     """A task per segment whose kernel set holds a kernel not yet on disk nor scheduled."""
-    if result.tag not in (OK, REFUSED):
+    if result.tag not in (Tag.OK, Tag.REFUSED):
         return []
     tasks = []
     for seg in result.segments:
@@ -173,13 +174,14 @@ class _Scheduler:
     """Naming chunks and compile tasks on one pool of forked workers; compiles first, longest
     first, so compiling starts while naming goes on."""
 
-    def __init__(self, jobs, limits, mode, sample, seed, estimates, pool, progress, entries):
+    def __init__(self, jobs, limits, mode, sample, seed, estimates, pool, pipe, entries):
         self.jobs: list[Job] = jobs
         self.limits: list[int | None] = limits
-        self.mode, self.sample, self.seed = mode, sample, seed
+        self.mode: Mode = mode
+        self.sample, self.seed = sample, seed
         self.estimates = estimates
         self.pool = pool
-        self.progress = progress
+        self.pipe: ProgressPipe = pipe
         self.entries: EntryAudit = entries
         self.timeout: float | None = None  # seconds a worker may take for one task
         self.results: list[JobResult | None] = [None] * len(jobs)
@@ -197,18 +199,19 @@ class _Scheduler:
 
     def accept(self, index: int, result: JobResult) -> None:
         self.results[index] = result
-        if self.mode == MODE_BUILD:
+        if self.mode == Mode.BUILD:
             for task in plan_compiles(index, result, self.scheduled, self.estimates, self.entries):
                 self.serial += 1
                 self.to_compile.update(f for f in task.files if not self.entries.is_whole(f))
                 heapq.heappush(self.heap, (-task.estimate, self.serial, task))
-        self.report()
+        self.send_counts()
 
-    def report(self, force: bool = False) -> None:
+    def send_counts(self, force: bool = False) -> None:
+        """Jobs named, kernels compiled, failures and the phase, to the driver's progress board."""
         done = sum(r is not None for r in self.results)
-        failed = sum(r is not None and r.tag == FAIL for r in self.results)
+        failed = sum(r is not None and r.tag == Tag.FAIL for r in self.results)
         phase = "naming" if done < len(self.jobs) else "compiling" if self.pool.busy else "done"
-        self.progress.update(
+        self.pipe.send_counts(
             force,
             jobs_total=len(self.jobs),
             jobs_done=done,
@@ -237,13 +240,12 @@ class _Scheduler:
                     self._named(what, outcome)
                 else:
                     self._compiled(what, outcome)
-            self.report()
-        self.report(force=True)
+            self.send_counts()
+        self.send_counts(force=True)
 
-    def _name_in_child(self, chunk: list[int]) -> list[Any]:
-        return [
-            to_json(name_job(self.jobs[i], self.limits[i], self.sample, self.seed)) for i in chunk
-        ]
+    def _name_in_child(self, chunk: list[int]) -> list[JobResult]:
+        # The worker pool pickles what a task returns: typed results come back as they are.
+        return [name_job(self.jobs[i], self.limits[i], self.sample, self.seed) for i in chunk]
 
     def _compile_in_child(self, task: CompileTask) -> dict[str, Any]:
         return compile_task(self.jobs[task.job], task, self.entries)
@@ -251,9 +253,10 @@ class _Scheduler:
     def _named(self, chunk: list[int], outcome: Any) -> None:
         for position, index in enumerate(chunk):
             if outcome.ok:
-                result = from_json(JobResult, outcome.result[position])
+                result = outcome.result[position]
             else:  # every job of a dead naming worker fails; the others stand
-                result = JobResult(self.jobs[index].info, FAIL, f"naming worker: {outcome.error}")
+                error = f"naming worker: {outcome.error}"
+                result = JobResult(self.jobs[index].info, Tag.FAIL, error)
             self.accept(index, result)
 
     def _compiled(self, task: CompileTask, outcome: Any) -> None:
@@ -266,50 +269,43 @@ class _Scheduler:
             failed = self.results[task.job]
             where = ", ".join(f"{k}={v}" for k, v in task.values.items())
             hint = write_trouble(task.files[0]) if task.files else ""
-            failed.tag, failed.message = FAIL, f"compile at {where}: {outcome.error}{hint}"
+            failed.tag, failed.message = Tag.FAIL, f"compile at {where}: {outcome.error}{hint}"
         self.compiles.append(compiled)
 
 
 def replay_arch(
     families: Sequence[Family],
-    arch: str,
-    cu_nums: frozenset[int] | None,
-    mode: str,
-    workers: int,
+    spec: ArchProcessSpec,
     *,
-    maxima: Mapping[str, int] | None = None,
-    sample: int = 0,
-    seed: int = 0,
-    timeout: float | None = None,
-    estimates: Mapping[str, float] | None = None,
     budget: Any = None,
-    progress: Progress | None = None,
+    pipe: ProgressPipe | None = None,
 ) -> ArchReport:
-    """Everything one arch's process does."""
+    """Everything one arch's process does, as `spec` says."""
     import torch
 
     from aiter.aot.flydsl.workers import ForkPool
 
     torch.set_num_threads(1)  # workers are processes; threads would only contend
     start = time.perf_counter()
-    progress = progress or Progress(None)
+    pipe = pipe or ProgressPipe(None)
+    cu_nums = frozenset([spec.cu_num]) if spec.cu_num is not None else None
     jobs: list[Job] = []
     limits: list[int | None] = []
-    report = ArchReport(arch=arch, mode=mode, workers=workers)
+    report = ArchReport(arch=spec.arch, mode=spec.mode, workers=spec.workers)
     for family in families:
-        family_jobs = family.jobs(arch, cu_nums, maxima or {})
+        family_jobs = family.jobs(spec.arch, cu_nums, spec.maxima)
         jobs += family_jobs
         limits += [family.limits.get(job.info.axis) for job in family_jobs]
         if any(family.limits.get(j.info.axis) is not None for j in family_jobs):
             report.limits += family.describe_limits()
-    pool = ForkPool(workers, budget)
+    pool = ForkPool(spec.workers, budget)
     from aiter import flydsl_bridge as bridge
 
-    entries = EntryAudit(bridge.cache_dir_from_env(), arch)
+    entries = EntryAudit(bridge.cache_dir_from_env(), spec.arch)
     scheduler = _Scheduler(
-        jobs, limits, mode, sample, seed, estimates or {}, pool, progress, entries
+        jobs, limits, spec.mode, spec.sample, spec.seed, spec.estimates, pool, pipe, entries
     )
-    scheduler.timeout = timeout
+    scheduler.timeout = spec.timeout
     try:
         # The first job of each table is named here, so imports, FakeTensorMode and FlyDSL's
         # state for every kernel family are warm in the workers forked afterwards.
@@ -323,35 +319,37 @@ def replay_arch(
         pool.close()
     report.results = [r for r in scheduler.results if r is not None]
     report.compiles = scheduler.compiles
-    audit(report.results, mode, entries)
+    audit(report.results, spec.mode, entries)
     report.naming_seconds = sum(r.naming_cpu for r in report.results)
     report.seconds = time.perf_counter() - start
     return report
 
 
-def _parse_maxima(items: Sequence[str]) -> dict[str, int]:
-    maxima = {}
-    for item in items:
-        name, _, value = item.partition("=")
-        maxima[name] = int(value)
-    return maxima
+def read_spec(path: str) -> ArchProcessSpec:
+    """The ArchProcessSpec the driver wrote to `path`; ValueError when there is none."""
+    try:
+        return from_json(ArchProcessSpec, json.loads(Path(path).read_text()))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError) as err:
+        raise ValueError(f"{path}: no arch process spec the driver wrote ({err})") from None
 
 
-def arch_process_main(argv: Sequence[str]) -> int:
-    parser = argparse.ArgumentParser(prog="aiter.aot.flydsl.replay (arch process)")
-    parser.add_argument("--module", action="append", required=True)
-    parser.add_argument("--arch", required=True)
-    parser.add_argument("--cu-num", type=int, action="append")
-    parser.add_argument("--mode", choices=MODES, required=True)
-    parser.add_argument("--workers", type=int, required=True)
-    parser.add_argument("--result", help="write the report here (default: on the progress pipe)")
-    parser.add_argument("--max", action="append", default=[])
-    parser.add_argument("--sample", type=int, default=0)
-    parser.add_argument("--timeout", type=float)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--estimates")
-    parser.add_argument("--progress-fd", type=int)
-    args = parser.parse_args(argv)
+def apply_extra_tables(spec: ArchProcessSpec, families: Sequence[Family]) -> None:
+    """--csv, the way a serving process is configured: each extended table's environment
+    variable names its own files, then the --csv files. Called once, before any replay, so
+    every lookup of the runtime merges them."""
+    tables = {table.name: table for family in families for table in family.tables}
+    for name, paths in spec.extra_tables.items():
+        table = tables[name]
+        os.environ[table.env_var] = table.env_value(paths)
+
+
+def arch_process_main(spec_path: str) -> int:
+    """The arch process: replay what the spec at `spec_path` says, send the report back."""
+    try:
+        spec = read_spec(spec_path)
+    except ValueError as err:
+        print(f"error: {err}; {USAGE}", file=sys.stderr)
+        return EXIT_USAGE
     from aiter.toolchain import configure_linker
 
     configure_linker()
@@ -362,48 +360,30 @@ def arch_process_main(argv: Sequence[str]) -> int:
     # arch than it replays must not write a single cache entry.
     target = bridge.flydsl_target_arch()
     arch_env = os.environ.get(bridge.ENV_ARCH)
-    if target != args.arch or arch_env != args.arch:
+    if target != spec.arch or arch_env != spec.arch:
         print(
-            f"error: replay process for {args.arch} finds FlyDSL targeting {target} "
+            f"error: replay process for {spec.arch} finds FlyDSL targeting {target} "
             f"({bridge.ENV_ARCH}={arch_env!r}); set "
-            f"{' and '.join(bridge.target_env(args.arch))} as bridge.target_env says",
+            f"{' and '.join(bridge.target_env(spec.arch))} as bridge.target_env says",
             file=sys.stderr,
         )
         return EXIT_USAGE
-    families = [registry.load(path) for path in args.module]
+    families = [registry.load(path) for path in spec.modules]
+    apply_extra_tables(spec, families)
     budget = WorkerBudget.from_env()
-    estimates = json.loads(Path(args.estimates).read_text()) if args.estimates else {}
-    progress = Progress(args.progress_fd, budget)
-    report = replay_arch(
-        families,
-        args.arch,
-        frozenset(args.cu_num) if args.cu_num else None,
-        args.mode,
-        args.workers,
-        maxima=_parse_maxima(args.max),
-        sample=args.sample,
-        timeout=args.timeout,
-        seed=args.seed,
-        estimates=estimates,
-        budget=budget,
-        progress=progress,
-    )
+    pipe = ProgressPipe(spec.progress_fd, budget)
+    report = replay_arch(families, spec, budget=budget, pipe=pipe)
     if budget is not None:
         budget.release_all()
-    if args.result:
-        tmp = Path(args.result).with_suffix(".tmp")
-        tmp.write_text(json.dumps(to_json(report)))
-        os.replace(tmp, args.result)
-    else:
-        progress.send_report(report)
+    pipe.send_arch_report(report)
     return EXIT_OK
 
 
 if __name__ == "__main__":
-    if len(sys.argv) > 1 and sys.argv[1] == "--arch-process":
-        try:
-            sys.exit(arch_process_main(sys.argv[2:]))
-        except KeyboardInterrupt:  # the driver says so, once, for every arch
-            sys.exit(EXIT_INTERRUPTED)
-    print("run an AOT module instead, e.g. python -m aiter.aot.flydsl", file=sys.stderr)
-    sys.exit(EXIT_USAGE)
+    if len(sys.argv) != 2 or sys.argv[1].startswith("-"):
+        print(USAGE, file=sys.stderr)
+        sys.exit(EXIT_USAGE)
+    try:
+        sys.exit(arch_process_main(sys.argv[1]))
+    except KeyboardInterrupt:  # the driver says so, once, for every arch
+        sys.exit(EXIT_INTERRUPTED)

@@ -7,14 +7,13 @@ fails the wheel build with the replay's summary. It prints the shipped cache's s
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from aiter.cache_location import SHIPPED_DIR_NAME
-from aiter.flydsl_bridge.manifest import MANIFEST_NAME
+from aiter.flydsl_bridge import manifest
 
 AOT_ENV = "AITER_AOT"
 PREBUILT_ENV = "AITER_AOT_CACHE"
@@ -22,11 +21,11 @@ PREBUILT_ENV = "AITER_AOT_CACHE"
 
 def sizes_per_arch(cache: Path) -> dict[str, tuple[int, int]]:
     """arch -> (kernel entries, bytes) as the cache's manifest records them."""
-    manifest = json.loads((cache / MANIFEST_NAME).read_text())
+    built = manifest.read(cache)
     out = {}
-    for arch, modules in manifest.get("archs", {}).items():
-        entries = {rel: e for module in modules.values() for rel, e in module.items()}
-        out[arch] = (len(entries), sum(int(e.get("size", 0)) for e in entries.values()))
+    for arch in built.archs:
+        entries = built.entries(arch)
+        out[arch] = (len(entries), sum(e.size for e in entries.values()))
     return out
 
 
@@ -47,8 +46,8 @@ def build_shipped_cache(build_lib: Path, environ: dict[str, str]) -> int:
     prebuilt = environ.get(PREBUILT_ENV)
     if prebuilt:
         source = Path(prebuilt)
-        if not (source / MANIFEST_NAME).is_file():
-            print(f"error: {PREBUILT_ENV}={prebuilt}: no {MANIFEST_NAME} there; build it with "
+        if not (source / manifest.MANIFEST_NAME).is_file():
+            print(f"error: {PREBUILT_ENV}={prebuilt}: no {manifest.MANIFEST_NAME} there; build it with "
                   "python -m aiter.aot.flydsl --cache-dir DIR", file=sys.stderr)  # fmt: skip
             return 2
         print(f"aiter: checking the prebuilt cache {source} before shipping it", file=sys.stderr)

@@ -6,8 +6,8 @@ A child that dies (an LLVM abort is a SIGABRT) fails its own task; the parent ca
 from __future__ import annotations
 
 import gc
-import json
 import os
+import pickle
 import signal
 import sys
 import tempfile
@@ -26,7 +26,7 @@ CANNOT_REPORT = 113  # a worker's exit status when it could not write its result
 class TaskOutcome:
     index: int
     ok: bool
-    result: Any  # what the task returned (JSON-able), when ok
+    result: Any  # what the task returned (picklable: passed back as is), when ok
     error: str | None  # why it failed, when not ok
 
 
@@ -54,12 +54,12 @@ def _child(task: Any, run: Callable[[Any], Any], out_path: Path) -> None:
         try:
             # A Ctrl-C that came during the fork is raised here and reported as a failure.
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-            text, failed = json.dumps({"ok": True, "result": run(task)}), False
+            data, failed = _pickled({"ok": True, "result": run(task)}), False
         except BaseException as err:  # the parent must hear about every failure
-            text, failed = json.dumps({"ok": False, "error": _failure(err)}), True
+            data, failed = _pickled({"ok": False, "error": _failure(err)}), True
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the outcome is known: write it
         tmp = out_path.with_suffix(".tmp")
-        tmp.write_text(text)
+        tmp.write_bytes(data)
         os.replace(tmp, out_path)
         code = 1 if failed else 0
     except BaseException:
@@ -72,9 +72,20 @@ def _child(task: Any, run: Callable[[Any], Any], out_path: Path) -> None:
             os._exit(code)
 
 
+class _Unpicklable(Exception):
+    """The task's result cannot be passed back to the parent."""
+
+
+def _pickled(outcome: dict[str, Any]) -> bytes:
+    try:
+        return pickle.dumps(outcome, protocol=pickle.HIGHEST_PROTOCOL)
+    except Exception as err:
+        raise _Unpicklable(f"the task's result cannot be pickled: {err}") from None
+
+
 def _failure(err: BaseException) -> str:
-    if isinstance(err, (TypeError, ValueError)) and "JSON" in str(err):
-        return f"the task's result is not JSON-serialisable: {err}"
+    if isinstance(err, _Unpicklable):
+        return str(err)
     return traceback.format_exception_only(type(err), err)[-1].strip()
 
 
@@ -108,7 +119,7 @@ class ForkPool:
         """Fork a worker for `task` in a slot claimed by reserve(); a worker still running
         after `timeout` seconds is killed and its task fails."""
         self._serial += 1
-        out_path = Path(self._tmp.name) / f"{self._serial}.json"
+        out_path = Path(self._tmp.name) / f"{self._serial}.pickle"
         sys.stdout.flush()
         sys.stderr.flush()
         # Objects that exist now are never collected in a child: its garbage collector then
@@ -199,7 +210,7 @@ def run_forked(
 def _collect(index: int, status: int, out_path: Path) -> TaskOutcome:
     payload = None
     if out_path.is_file():
-        payload = json.loads(out_path.read_text())
+        payload = pickle.loads(out_path.read_bytes())
     if payload is not None and payload["ok"] and status == 0:
         return TaskOutcome(index, True, payload["result"], None)
     if payload is not None and not payload["ok"]:

@@ -1,6 +1,8 @@
 """What the AOT command prints on stdout: every FAIL and SKIP in full (every job with --verbose),
 the kernels of each segment under --list, every missing kernel under --check, and one summary
 table per build (per arch and module: jobs per tag, kernels requested / compiled / missing).
+
+The typed report itself (`--report PATH`) is the driver's; this module only prints.
 """
 
 from __future__ import annotations
@@ -9,15 +11,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiter.aot.flydsl.protocol import (
-    CORRUPT,
-    FAIL,
-    MODE_CHECK,
-    MODE_LIST,
-    SKIP,
-    TAGS,
     ArchReport,
+    EntryProblem,
     JobResult,
+    Mode,
+    SampleProblem,
+    Tag,
 )
+
+TAG_COLUMNS = [tag.value for tag in Tag]  # the summary's columns of jobs per tag, in order
 
 
 def _job_line(result: JobResult) -> str:
@@ -25,28 +27,30 @@ def _job_line(result: JobResult) -> str:
     return f"{result.tag:<9} {result.job.module} {result.job.describe()}{note}"
 
 
-def print_job_lines(report: ArchReport, mode: str, verbose: bool) -> None:
+def print_job_lines(report: ArchReport, mode: Mode, verbose: bool) -> None:
+    """Every FAIL and SKIP (every job with `verbose` or under --list), with the segments' kernels
+    under --list and the missing or corrupt entries under --check; one line for a crashed arch."""
     if report.crashed:
         print(f"FAIL      {report.arch}: {report.crashed}")
         return
     for result in report.results:
-        shown = verbose or mode == MODE_LIST or result.tag in (FAIL, SKIP)
+        shown = verbose or mode == Mode.LIST or result.tag in (Tag.FAIL, Tag.SKIP)
         if shown:
             print(_job_line(result))
-        if mode == MODE_LIST:
+        if mode == Mode.LIST:
             for seg in result.segments:
                 names = ", ".join(k.label() for k in seg.kernels) or (
                     f"(no FlyDSL kernel: served by {', '.join(seg.backends) or 'nothing'})"
                 )
                 print(f"          {result.job.axis} {seg.lo}-{seg.hi}: {names}")
-        if mode == MODE_CHECK:
+        if mode == Mode.CHECK:
             for m in result.missing:
                 where = (
                     f"module={result.job.module} row={result.job.row} "
                     f"{result.job.axis}={m.lo}-{m.hi}{_fixed(result)} arch={report.arch} "
                     f"kernel={m.kernel.function}/{m.kernel.file}"
                 )
-                if m.problem == CORRUPT:
+                if m.problem == EntryProblem.CORRUPT:
                     print(f"CORRUPT   {where} path={m.kernel.path} why: {m.why}")
                 else:
                     print(f"MISSING   {where} params: {m.kernel.params}")
@@ -68,7 +72,7 @@ def summary_rows(reports: Sequence[ArchReport]) -> list[dict[str, Any]]:
     rows = []
     for report in reports:
         if report.crashed:
-            rows.append({"arch": report.arch, "module": "-", FAIL: 1, "jobs": 0})
+            rows.append({"arch": report.arch, "module": "-", Tag.FAIL.value: 1, "jobs": 0})
             continue
         compiled = report.compiled()
         for module in sorted({r.job.module for r in report.results}):
@@ -76,17 +80,23 @@ def summary_rows(reports: Sequence[ArchReport]) -> list[dict[str, Any]]:
             kernels = {k.path for r in results for k in r.kernels()}
             missing = {m.kernel.path for r in results for m in r.missing}
             missing |= {
-                f.kernel.path for r in results for f in r.findings if f.problem == "missing"
+                f.kernel.path
+                for r in results
+                for f in r.findings
+                if f.problem == SampleProblem.MISSING
             }
             unprobed = {
-                f.kernel.path for r in results for f in r.findings if f.problem == "unprobed"
+                f.kernel.path
+                for r in results
+                for f in r.findings
+                if f.problem == SampleProblem.UNPROBED
             }
             rows.append(
                 {
                     "arch": report.arch,
                     "module": module,
                     "jobs": len(results),
-                    **{tag: sum(r.tag == tag for r in results) for tag in TAGS},
+                    **{tag.value: sum(r.tag == tag for r in results) for tag in Tag},
                     "kernels": len(kernels),
                     "compiled": len({p for p in kernels if str(p) in compiled}),
                     "missing": len(missing),
@@ -105,7 +115,7 @@ def print_summary(
     import pandas as pd
 
     table = pd.DataFrame(rows).fillna(0)
-    columns = ["arch", "module", "jobs", *TAGS, "kernels", "compiled", "missing", "unprobed"]
+    columns = ["arch", "module", "jobs", *TAG_COLUMNS, "kernels", "compiled", "missing", "unprobed"]
     columns.append("arch_s")
     if "unprobed" in table.columns and not table["unprobed"].any():
         columns.remove("unprobed")  # only a sampled audit can find one
