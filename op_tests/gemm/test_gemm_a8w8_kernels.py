@@ -75,18 +75,21 @@ from flydsl._mlir import ir
 from flydsl._mlir._mlir_libs._mlirDialectsFly import MmaAtomType
 from flydsl._mlir._mlir_libs._mlirDialectsFlyROCDL import MmaOpCDNA3_MFMAType, MmaOpGFX1250_WMMAType
 
-mma, dtype = sys.argv[1], sys.argv[2]
-with ir.Context(), ir.Location.unknown():
-    elem = {
-        "fnuz": ir.Float8E4M3FNUZType.get,
-        "fn": ir.Float8E4M3FNType.get,
-        "i8": lambda: ir.IntegerType.get_signless(8),
-    }[dtype]()
-    acc = ir.IntegerType.get_signless(32) if dtype == "i8" else ir.F32Type.get()
-    cls, k = (MmaOpCDNA3_MFMAType, 32) if mma == "mfma" else (MmaOpGFX1250_WMMAType, 64)
-    atom = MmaAtomType.get(cls.get(16, 16, k, elem, elem, acc))
-    print(json.dumps([str(atom.thr_layout), str(atom.tv_layout_a), str(atom.tv_layout_b),
-                      str(atom.tv_layout_c)]))
+found = {}
+for case in sys.argv[1:]:
+    mma, dtype = case.split(":")
+    with ir.Context(), ir.Location.unknown():
+        elem = {
+            "fnuz": ir.Float8E4M3FNUZType.get,
+            "fn": ir.Float8E4M3FNType.get,
+            "i8": lambda: ir.IntegerType.get_signless(8),
+        }[dtype]()
+        acc = ir.IntegerType.get_signless(32) if dtype == "i8" else ir.F32Type.get()
+        cls, k = (MmaOpCDNA3_MFMAType, 32) if mma == "mfma" else (MmaOpGFX1250_WMMAType, 64)
+        atom = MmaAtomType.get(cls.get(16, 16, k, elem, elem, acc))
+        found[case] = [str(atom.thr_layout), str(atom.tv_layout_a), str(atom.tv_layout_b),
+                       str(atom.tv_layout_c)]
+print(json.dumps(found))
 """
 
 # (flavour, input dtype) pairs whose FlyDSL atom the kernels' instruction corresponds to.
@@ -100,23 +103,24 @@ def atom_tables(mma: str, dtype: str) -> dict[str, list]:
 
     Built in a child process: FlyDSL asserts (aborting the process) on an atom it lacks.
     """
-    if (mma, dtype) not in _ATOMS:
+    if not _ATOMS:  # every case in one child: importing FlyDSL dominates its time
         child = subprocess.run(
-            [sys.executable, "-c", _ATOM_CHILD, mma, dtype],
+            [sys.executable, "-c", _ATOM_CHILD, *(f"{m}:{d}" for m, d in ATOM_CASES)],
             capture_output=True,
             text=True,
             timeout=120,
         )
         assert child.returncode == 0, child.stderr[-2000:]
-        thr, a, b, c = json.loads(child.stdout.strip().splitlines()[-1])
-        wsz = ix.WAVE_SIZE[mma]
-        assert thr == f"!fly.layout<{wsz}:1>"
-        per_lane = 16 * ix.MMA_K[mma] // wsz
-        _ATOMS[(mma, dtype)] = {
-            "A": _tv_table(a, per_lane),
-            "B": _tv_table(b, per_lane),
-            "C": _tv_table(c, ix.acc_rows_per_lane(wsz)),
-        }
+        for case, (thr, a, b, c) in json.loads(child.stdout.strip().splitlines()[-1]).items():
+            flavour, kind = case.split(":")
+            wsz = ix.WAVE_SIZE[flavour]
+            assert thr == f"!fly.layout<{wsz}:1>"
+            per_lane = 16 * ix.MMA_K[flavour] // wsz
+            _ATOMS[(flavour, kind)] = {
+                "A": _tv_table(a, per_lane),
+                "B": _tv_table(b, per_lane),
+                "C": _tv_table(c, ix.acc_rows_per_lane(wsz)),
+            }
     return _ATOMS[(mma, dtype)]
 
 

@@ -229,6 +229,7 @@ def test_naming_compiles_and_writes_nothing(named) -> None:
     assert not (tmp / "lld").exists()  # naming never looked for a linker
 
 
+@pytest.mark.slow  # compiles a kernel in a fresh process
 def test_compile_writes_exactly_the_named_file(compiled) -> None:
     tmp, report = compiled
     first = report["phases"][0]
@@ -244,6 +245,7 @@ def test_compile_writes_exactly_the_named_file(compiled) -> None:
     ]
 
 
+@pytest.mark.slow  # compiles a kernel in a fresh process
 def test_compiling_again_hits_the_cache(compiled) -> None:
     _, report = compiled
     first, second = report["phases"][:2]
@@ -252,6 +254,7 @@ def test_compiling_again_hits_the_cache(compiled) -> None:
     assert second["pkl"] == first["pkl"]  # same file, same mtime: nothing rewritten
 
 
+@pytest.mark.slow  # compiles a kernel in a fresh process
 def test_naming_after_compiling_names_the_same_file(compiled) -> None:
     _, report = compiled
     compile_phase, _, name_phase = report["phases"]
@@ -263,6 +266,7 @@ def test_naming_after_compiling_names_the_same_file(compiled) -> None:
     assert name_phase["pkl"] == compile_phase["pkl"]
 
 
+@pytest.mark.slow  # compiles a kernel in a fresh process
 def test_keys_are_stable_across_processes(named, compiled) -> None:
     named_key = named[1]["phases"][0]["requests"][0]["key"]
     compiled_request = compiled[1]["phases"][0]["requests"][0]
@@ -421,6 +425,7 @@ def test_self_test_catches_a_renamed_variable(monkeypatch, manager, attr, variab
         bridge.self_test()
 
 
+@pytest.mark.slow  # compiles a kernel in a fresh process
 def test_extract_code_objects_does_not_import_flydsl(compiled) -> None:
     path = compiled[1]["phases"][0]["requests"][0]["path"]
     code = (

@@ -233,6 +233,7 @@ def test_bad_mode_refused(monkeypatch) -> None:
     assert "COMPILE_ONLY" not in os.environ
 
 
+@pytest.mark.slow  # compiles for two archs in a fresh process
 def test_two_archs_in_one_fresh_process() -> None:
     script = textwrap.dedent("""
         from aiter import flydsl_bridge as bridge
