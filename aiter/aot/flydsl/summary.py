@@ -109,6 +109,16 @@ def summary_rows(reports: Sequence[ArchReport]) -> list[dict[str, Any]]:
     return rows
 
 
+def replayed_extent(reports: Sequence[ArchReport]) -> dict[str, int]:
+    """The largest value of each axis some job replayed (grid points included)."""
+    extent: dict[str, int] = {}
+    for report in reports:
+        for result in report.results:
+            for axis, value in {**result.job.fixed, result.job.axis: result.job.hi}.items():
+                extent[axis] = max(extent.get(axis, 0), value)
+    return extent
+
+
 def print_summary(
     rows: list[dict[str, Any]], reports: Sequence[ArchReport], maxima: Mapping[str, int]
 ) -> None:
@@ -124,8 +134,16 @@ def print_summary(
         if column not in ("arch", "module", "arch_s"):
             table[column] = table[column].astype(int)
     print(table.to_string(index=False))
-    served = ", ".join(f"{axis} up to {value}" for axis, value in maxima.items())
-    print(f"replayed: {served} (what the deployment serves; --max-<axis> changes it)")
+    extent = replayed_extent(reports)
+    served = []
+    for axis, top in maxima.items():
+        reached = min(extent.get(axis, 0), top)
+        if reached == top:
+            served.append(f"{axis} up to {top} (the deployment's maximum)")
+        elif reached:
+            served.append(f"{axis} up to {reached} (the rows' largest; the deployment's is {top})")
+    if served:
+        print(f"replayed: {', '.join(served)}; --max-<axis> sets the deployment's maximum")
     for limit in sorted({line for r in reports for line in r.limits}):
         print(f"limit: {limit}")
     for report in reports:
