@@ -18,12 +18,19 @@ def _report() -> ArchReport:
         _result("M", 513, 32768),
         _result("seqlen", 1024, 4096, batch=8),
         _result("seqlen", 4096, 12000, batch=1),
+        _result("seqlen_k", 64, 256, batch=2, seqlen_q=64),
     ]
     return ArchReport(arch="gfx942", mode=Mode.LIST, results=results)
 
 
 def test_the_extent_is_the_largest_value_each_axis_replayed() -> None:
-    assert replayed_extent([_report()]) == {"M": 32768, "seqlen": 12000, "batch": 8}
+    assert replayed_extent([_report()]) == {
+        "M": 32768,
+        "seqlen": 12000,
+        "batch": 8,
+        "seqlen_k": 256,
+        "seqlen_q": 64,
+    }
 
 
 def test_the_replayed_line_names_the_rows_largest_under_the_maximum(capsys) -> None:
@@ -34,5 +41,6 @@ def test_the_replayed_line_names_the_rows_largest_under_the_maximum(capsys) -> N
     assert line == (
         "replayed: M up to 32768 (the deployment's maximum), "
         "seqlen up to 12000 (the rows' largest; the deployment's is 1048576), "
-        "batch up to 4 (the deployment's maximum); --max-<axis> sets the deployment's maximum"
+        "batch up to 4 (the deployment's maximum), seqlen_k up to 256, seqlen_q up to 64; "
+        "--max-<axis> sets the deployment's maximum"
     )

@@ -136,11 +136,14 @@ def print_summary(
     print(table.to_string(index=False))
     extent = replayed_extent(reports)
     served = []
-    for axis, top in maxima.items():
-        reached = min(extent.get(axis, 0), top)
-        if reached == top:
+    for axis in [*(a for a in maxima if a in extent), *sorted(set(extent) - set(maxima))]:
+        top = maxima.get(axis)
+        reached = extent[axis] if top is None else min(extent[axis], top)
+        if top is None:  # a grid's own axis, cut at its rows' maxima
+            served.append(f"{axis} up to {reached}")
+        elif reached == top:
             served.append(f"{axis} up to {top} (the deployment's maximum)")
-        elif reached:
+        else:
             served.append(f"{axis} up to {reached} (the rows' largest; the deployment's is {top})")
     if served:
         print(f"replayed: {', '.join(served)}; --max-<axis> sets the deployment's maximum")
