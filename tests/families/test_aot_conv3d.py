@@ -87,10 +87,12 @@ def _jobs(report: ArchReport, line: int) -> list[JobResult]:
     return [r for r in report.results if r.job.row.endswith(f"/{CONV3D.name}:{line}")]
 
 
-def test_each_layout_pair_is_a_job_over_the_borrowed_frames(listing):
+def test_each_dtype_and_layout_pair_is_a_job_over_the_borrowed_frames(listing):
     jobs = _jobs(listing["gfx942"], 2)
+    # The entry takes bf16 and fp16; a row of the bf16 table serves both.
     assert sorted(r.job.variant for r in jobs) == sorted(
-        f"input_layout={i} output_layout={o}"
+        f"dtype={d} input_layout={i} output_layout={o}"
+        for d in ("bfloat16", "float16")
         for i in ("NCDHW", "NDHWC")
         for o in ("NCDHW", "NDHWC")
     )
@@ -112,7 +114,7 @@ def test_the_split_k_switch_along_the_frames_is_found(listing):
 
 
 def test_torch_rows_are_unreached_and_wmma_names_its_kernels(listing):
-    assert [r.tag for r in _jobs(listing["gfx942"], 3)] == ["UNREACHED"] * 4
+    assert [r.tag for r in _jobs(listing["gfx942"], 3)] == ["UNREACHED"] * 8
     report = listing["gfx1250"]
     convs = [k for k in report.kernels().values() if k.function == "conv3d_implicit"]
     assert convs and all("mma='wmma'" in k.params for k in convs)
@@ -153,17 +155,20 @@ SERVE = textwrap.dedent("""
     arch, cu = sys.argv[1], int(sys.argv[2])
     rng = random.Random(int(sys.argv[3]))
     served = 0
+    dtypes = {torch.bfloat16: 0, torch.float16: 0}
     with dry_run(arch, cu, bridge.MODE_COMPILE):
-        w = torch.empty((32, 32, 3, 3, 3), dtype=torch.bfloat16, device="cuda")
-        b = torch.empty((32,), dtype=torch.bfloat16, device="cuda")
         for case in range(int(sys.argv[4])):
+            dtype = rng.choice(list(dtypes))
+            dtypes[dtype] += 1
+            w = torch.empty((32, 32, 3, 3, 3), dtype=dtype, device="cuda")
+            b = torch.empty((32,), dtype=dtype, device="cuda")
             frames = rng.randint(2, 32)
             layout_in, layout_out = rng.choice(["NCDHW", "NDHWC"]), rng.choice(["NCDHW", "NDHWC"])
             shape = (1, 32, frames, 8, 8) if layout_in == "NCDHW" else (1, frames, 8, 8, 32)
-            x = torch.empty(shape, dtype=torch.bfloat16, device="cuda")
+            x = torch.empty(shape, dtype=dtype, device="cuda")
             aiter.conv3d(x, w, b, padding=1, input_layout=layout_in, output_layout=layout_out)
             served += 1
-    print("served", served)
+    print("served", served, "fp16", dtypes[torch.float16])
     """)
 
 
@@ -178,6 +183,7 @@ def test_random_calls_are_served_from_the_cache_alone(built, setup, arch, tmp_pa
     env, _ = setup
     proc = _serve(env, cache, arch, seed=len(arch), cases=30, tmp_path=tmp_path)
     assert proc.returncode == 0 and "served 30" in proc.stdout, proc.stderr[-3000:]
+    assert int(proc.stdout.split("fp16")[1]) >= 5  # fp16 calls are served too
 
 
 def test_an_empty_cache_misses(setup, tmp_path):

@@ -172,9 +172,10 @@ def _old_conv3d_jobs(arch: str, top: int) -> list[tuple[int, int, int, str, int 
 def test_conv3d_jobs_of_the_default_table_are_those_of_before() -> None:
     for arch in ARCHS:
         jobs = conv3d.FAMILY.jobs(arch, None, {})
-        assert len(jobs) == 116  # pinned before the change: 29 runs x 4 layout pairs
+        # 29 runs x the entry's 2 input dtypes x 4 layout pairs (116 before fp16 was replayed)
+        assert len(jobs) == 232
         assert _tuples(jobs) == _old_conv3d_jobs(arch, 32768)
-    assert len(conv3d.FAMILY.jobs("gfx942", None, {"frames": 6})) == 84
+    assert len(conv3d.FAMILY.jobs("gfx942", None, {"frames": 6})) == 168
 
 
 def _conv_row(**cells: object) -> str:
@@ -202,7 +203,8 @@ def test_conv3d_runs_around_rows_that_serve_only_their_own_frames(tmp_path, monk
     monkeypatch.setenv("AITER_CONFIG_DIR", str(tmp_path))
     jobs = conv3d.FAMILY.jobs("gfx942", None, {"frames": 200})
     assert _tuples(jobs) == _old_conv3d_jobs("gfx942", 200)
-    runs = [(_line(j.info.row), j.info.lo, j.info.hi, j.info.tabled) for j in jobs[::4]]
+    variants = len(CONV3D.variants())  # 2 dtypes x 4 layout pairs
+    runs = [(_line(j.info.row), j.info.lo, j.info.hi, j.info.tabled) for j in jobs[::variants]]
     assert runs == [
         (2, 2, 12, 8), (3, 13, 13, 13), (4, 14, 84, 21),
         (5, 3, 11, 11), (5, 13, 48, None), (6, 12, 12, 12),

@@ -15,8 +15,6 @@ from aiter.aot.flydsl.jobs import Call, Family
 from aiter.ops.conv3d.table import CONV3D
 from aiter.tuning import Row, TableSpec
 
-DTYPE = "bfloat16"  # the table is bf16's
-
 
 def caller(spec: TableSpec, row: Row, variant: Mapping[str, str]) -> Call:
     """conv3d as a caller of this row's layer calls it, at a given frame count."""
@@ -34,7 +32,7 @@ def caller(spec: TableSpec, row: Row, variant: Mapping[str, str]) -> Call:
     def call(frames: int) -> None:
         import torch
 
-        dtype = getattr(torch, DTYPE)
+        dtype = getattr(torch, variant["dtype"])  # one of the entry's input dtypes
         shape = (n, c, frames, h, w) if input_layout == "NCDHW" else (n, frames, h, w, c)
         conv3d(
             torch.empty(shape, dtype=dtype, device="cuda"),

@@ -12,11 +12,12 @@ import torch
 
 from aiter import device, dispatch, jit_monitor
 from aiter.ops.conv3d import plan as conv3d_plan
+from aiter.ops.conv3d import table as conv3d_table
 from aiter.ops.conv3d.table import LAYOUTS
 
 __all__ = ["conv3d"]
 
-INPUT_DTYPES = (torch.bfloat16, torch.float16)
+INPUT_DTYPES = tuple(getattr(torch, name) for name in conv3d_table.INPUT_DTYPES)
 
 
 def _triple(name: str, value: int | Sequence[int], minimum: int) -> tuple[int, int, int]:

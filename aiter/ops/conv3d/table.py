@@ -9,6 +9,8 @@ from aiter.tuning import BucketAxis, Column, TableSpec
 LIBTYPE_FLYDSL = "flydsl"
 LIBTYPE_TORCH = "torch"
 LAYOUTS = ("NCDHW", "NDHWC")
+# The input dtypes the entry takes: a bf16 table serves fp16 calls of its shapes as well.
+INPUT_DTYPES = ("bfloat16", "float16")
 
 KERNELS = "flydsl_conv3d"
 MMA_KINDS = ("mfma", "wmma")
@@ -65,6 +67,6 @@ CONV3D = TableSpec(
     ),
     key=(*LAYER_COLUMNS, *VOLUME_COLUMNS),
     axis=FRAMES_AXIS,
-    # The caller picks both layouts; the replay calls the entry with each pair.
-    open_choices={"input_layout": LAYOUTS, "output_layout": LAYOUTS},
+    # The caller picks the dtype and both layouts; the replay calls the entry with each.
+    open_choices={"dtype": INPUT_DTYPES, "input_layout": LAYOUTS, "output_layout": LAYOUTS},
 )
