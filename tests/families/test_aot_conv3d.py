@@ -113,6 +113,31 @@ def test_the_split_k_switch_along_the_frames_is_found(listing):
         assert ("conv3d_pretranspose" in below) == pretranspose
 
 
+# A row with its own split-K: served exactly at D=10 with split 2, its borrowed frames around it
+# (4..34 with no other row of the layer) with a split resolved per call, which differs.
+OWN_SPLIT_ROW = (
+    "gfx942,304,1,256,10,60,88,256,3,3,3,1,1,1,0,1,1,1,1,1,32,1,32,64,2,2,4,2,,"
+    "flydsl_conv3d_mfma_32x64_w2x2_g4,"
+)
+
+
+def test_a_rows_own_frame_count_is_probed_where_only_it_differs(setup, tmp_path):
+    env, _ = setup
+    table = tmp_path / "own.csv"
+    table.write_text(",".join(CONV3D.header) + "\n" + OWN_SPLIT_ROW + "\n")
+    args = ("--list", "--csv", f"conv3d={table}", "--cache-dir", str(tmp_path / "cache"))
+    proc, reports = _replay({**env, "GPU_ARCHS": "gfx942"}, tmp_path / "r.json", *args)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    jobs = [r for r in reports["gfx942"].results if r.job.row.endswith("own.csv:2")]
+    assert len(jobs) == 8  # 2 dtypes x 4 layout pairs
+    for result in jobs:
+        bounds = [(s.lo, s.hi) for s in result.segments]
+        assert bounds == [(4, 9), (10, 10), (11, 34)], bounds
+        splits = {s.lo: [k.params for k in s.kernels if k.function == "conv3d_implicit"]
+                  for s in result.segments}  # fmt: skip
+        assert splits[10] != splits[4] and splits[10] != splits[11]
+
+
 def test_torch_rows_are_unreached_and_wmma_names_its_kernels(listing):
     assert [r.tag for r in _jobs(listing["gfx942"], 3)] == ["UNREACHED"] * 8
     report = listing["gfx1250"]

@@ -102,8 +102,11 @@ def name_job(job: Job, limit: int | None, sample: int = 0, seed: int = 0) -> Job
                 result.probes += 1
                 return probe(info.values(value))
 
+            # A lookup that matches a row's own value exactly may serve it unlike its neighbours
+            # (conv3d: the row's split-K there, one resolved per call around it).
+            exact = [] if info.tabled is None else [info.tabled - 1, info.tabled, info.tabled + 1]
             for lo, hi in ranges:
-                for seg in segments(at, lo, hi):
+                for seg in segments(at, lo, hi, points=[v for v in exact if lo <= v <= hi]):
                     kernels, seg_backends = seg.value
                     backends.update(seg_backends)
                     result.segments.append(
