@@ -162,12 +162,12 @@ def test_a_new_split_rule_in_the_runtime_is_followed(listing, setup, tmp_path):
         assert all(k.function != "conv3d_splitk_epilogue" for k in result.kernels())
 
 
-def test_build_succeeds_and_check_passes(built, setup):
+def test_build_succeeds_and_passes_its_own_dense_audit(built, setup):
     proc, reports, cache = built
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     env, work = setup
     check, _ = _replay(
-        env, work / "check.json", "--check", "--sample", "4", "--cache-dir", str(cache)
+        env, work / "check.json", "--check", "--sample", "32", "--cache-dir", str(cache)
     )
     assert check.returncode == 0, check.stdout[-3000:]
 

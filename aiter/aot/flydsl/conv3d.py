@@ -70,9 +70,17 @@ def serving(spec: TableSpec, rows: Sequence[Row], frames: int) -> Row | None:
     return served if served in rows else None
 
 
-# Only the frame counts a row serves are replayed, the heuristic's are not.
+# Only the frame counts a row serves are replayed, the heuristic's are not. Split-K resolved per
+# call can flip back and forth as the frames grow (it follows the work-group count), so the
+# frames a row serves are probed one by one; they span at most a few hundred values.
+PROBE_EVERY_UP_TO = 512
 FAMILY = Family(
-    name="conv3d", tables=(CONV3D,), caller=caller, serving=serving, replay_unserved=False
+    name="conv3d",
+    tables=(CONV3D,),
+    caller=caller,
+    serving=serving,
+    replay_unserved=False,
+    probe_every_up_to=PROBE_EVERY_UP_TO,
 )
 
 

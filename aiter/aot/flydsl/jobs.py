@@ -31,6 +31,8 @@ Grid = Callable[[TableSpec, Row, Mapping[str, int]], Mapping[str, Sequence[int]]
 class Job:
     info: JobInfo
     call: Call = field(repr=False)
+    # Ranges of at most this many values are probed at every value, not bisected (0: never).
+    probe_every_up_to: int = 0
 
     def call_at(self, value: int) -> object:
         return self.call(**self.info.values(value))
@@ -69,6 +71,10 @@ class Family:
     # Packages outside aiter holding the family's runtime (entry, plan, kernels), by import name:
     # their sources enter the build's fingerprint, as aiter's own do.
     sources: tuple[str, ...] = ()
+    # Where the runtime's choice need not be monotone along the axis and probes are cheap
+    # (conv3d's split-K over frames), ranges of at most this many values are probed at every
+    # value instead of bisected; 0: bisection alone.
+    probe_every_up_to: int = 0
 
     def axes(self) -> dict[str, int]:
         """Each axis the module's tables bucket on, with the spec's default maximum."""
@@ -173,7 +179,8 @@ def run_jobs(family: Family, spec: TableSpec, rows: Sequence[Row], top: int) -> 
         tabled = value if run.served and run.lo <= value <= run.hi else None
         for variant in family.variants_of(spec, run.row):
             info = job_info(family, spec, run.row, variant, run.lo, run.hi, tabled=tabled)
-            jobs.append(Job(info, family.caller(spec, run.row, variant)))
+            call = family.caller(spec, run.row, variant)
+            jobs.append(Job(info, call, family.probe_every_up_to))
     return jobs
 
 

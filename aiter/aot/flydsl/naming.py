@@ -106,7 +106,9 @@ def name_job(job: Job, limit: int | None, sample: int = 0, seed: int = 0) -> Job
             # (conv3d: the row's split-K there, one resolved per call around it).
             exact = [] if info.tabled is None else [info.tabled - 1, info.tabled, info.tabled + 1]
             for lo, hi in ranges:
-                for seg in segments(at, lo, hi, points=[v for v in exact if lo <= v <= hi]):
+                dense = hi - lo + 1 <= job.probe_every_up_to
+                points = range(lo, hi + 1) if dense else [v for v in exact if lo <= v <= hi]
+                for seg in segments(at, lo, hi, points=points):
                     kernels, seg_backends = seg.value
                     backends.update(seg_backends)
                     result.segments.append(
