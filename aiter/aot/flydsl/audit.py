@@ -6,16 +6,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aiter.aot.flydsl.entries import MISSING, EntryAudit
+from aiter.aot.flydsl.entries import EntryAudit
 from aiter.aot.flydsl.protocol import (
-    CORRUPT,
-    FAIL,
-    MODE_LIST,
-    OK,
-    REFUSED,
+    EntryProblem,
     Finding,
     JobResult,
     Missing,
+    Mode,
+    Tag,
 )
 
 
@@ -27,9 +25,9 @@ def audit(results: list[JobResult], mode: str, entries: EntryAudit) -> None:
         if r.job.group:
             group_kernels.setdefault(r.job.group, set()).update(k.path for k in r.kernels())
     for r in results:
-        if r.tag not in (OK, REFUSED):
+        if r.tag not in (Tag.OK, Tag.REFUSED):
             continue
-        if mode != MODE_LIST:
+        if mode != Mode.LIST:
             r.missing = [
                 Missing(k, seg.lo, seg.hi, *_problem(entries.problem(k.path)))
                 for seg in r.segments
@@ -48,7 +46,7 @@ def audit(results: list[JobResult], mode: str, entries: EntryAudit) -> None:
                 elif not entries.is_whole(k.path):
                     r.findings.append(Finding("missing", s.values, k))
         problems = []
-        corrupt = sum(m.problem == CORRUPT for m in r.missing)
+        corrupt = sum(m.problem == EntryProblem.CORRUPT for m in r.missing)
         if len(r.missing) > corrupt:
             problems.append(f"{len(r.missing) - corrupt} kernel(s) missing from the cache")
         if corrupt:
@@ -58,12 +56,12 @@ def audit(results: list[JobResult], mode: str, entries: EntryAudit) -> None:
             problems.append(f"{unprobed} sampled kernel(s) that bisection did not name")
         if r.findings and not unprobed:
             problems.append(f"{len(r.findings)} sampled kernel(s) missing from the cache")
-        if problems and mode != MODE_LIST:
-            r.tag, r.message = FAIL, "; ".join(problems)
+        if problems and mode != Mode.LIST:
+            r.tag, r.message = Tag.FAIL, "; ".join(problems)
 
 
 def _problem(problem: str | None) -> tuple[str, str]:
     """(problem, why) of a Missing record."""
-    if problem == MISSING:
-        return MISSING, ""
-    return CORRUPT, problem or ""
+    if problem == EntryProblem.MISSING:
+        return EntryProblem.MISSING, ""
+    return EntryProblem.CORRUPT, problem or ""

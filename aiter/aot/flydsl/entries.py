@@ -10,7 +10,9 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aiter.aot.flydsl.protocol import MISSING
+from aiter.aot.flydsl.protocol import (
+    EntryProblem,
+)
 
 if TYPE_CHECKING:
     from aiter.flydsl_bridge.manifest import KernelEntry
@@ -29,7 +31,7 @@ class EntryAudit:
         """None for a whole entry; else "missing", or why it is corrupt."""
         path = Path(path)
         if not path.is_file():
-            return MISSING  # not remembered: a compile may write it any moment
+            return EntryProblem.MISSING  # not remembered: a compile may write it any moment
         if path not in self._problems:
             self._problems[path] = self._inspect(path)
         return self._problems[path]
@@ -49,7 +51,7 @@ class EntryAudit:
         """Delete entries that are there but not whole, so FlyDSL writes them anew."""
         removed = []
         for path in map(Path, paths):
-            if self.problem(path) not in (None, MISSING):
+            if self.problem(path) not in (None, EntryProblem.MISSING):
                 path.unlink(missing_ok=True)
                 self.forget([path])
                 removed.append(str(path))

@@ -13,15 +13,12 @@ from typing import Any
 
 from aiter.aot.flydsl.jobs import Job
 from aiter.aot.flydsl.protocol import (
-    FAIL,
-    REFUSED,
-    SKIP,
-    UNREACHED,
     JobInfo,
     JobResult,
     KernelRef,
     Sample,
     Segment,
+    Tag,
 )
 
 
@@ -119,17 +116,20 @@ def name_job(job: Job, limit: int | None, sample: int = 0, seed: int = 0) -> Job
                 kernels, _ = probe(values)
                 result.samples.append(Sample(values, index, list(kernels)))
     except NotImplementedError as err:
-        result.tag, result.message, result.segments = SKIP, f"runtime declines: {err}", []
+        result.tag, result.message, result.segments = Tag.SKIP, f"runtime declines: {err}", []
     except Exception as err:  # every other failure fails this job only
-        result.tag, result.message = FAIL, f"{type(err).__name__}: {err}"
+        result.tag, result.message = Tag.FAIL, f"{type(err).__name__}: {err}"
     else:
         if not any(seg.kernels for seg in result.segments):
             if backends and "flydsl" not in backends:
-                result.tag, result.message = UNREACHED, f"served by {', '.join(sorted(backends))}"
+                result.tag, result.message = (
+                    Tag.UNREACHED,
+                    f"served by {', '.join(sorted(backends))}",
+                )
             else:
-                result.tag = FAIL
+                result.tag = Tag.FAIL
                 result.message = "the call launched no FlyDSL kernel and reported none"
         elif refused:
-            result.tag, result.message = REFUSED, refused
+            result.tag, result.message = Tag.REFUSED, refused
     result.naming_cpu = time.process_time() - cpu
     return result

@@ -51,11 +51,6 @@ class SampleProblem(StrEnum):
     UNPROBED = "unprobed"  # no bisection probe of the job named it
 
 
-# The old names, for the modules that still import them (naming, audit, entries).
-OK, SKIP, REFUSED, UNREACHED, FAIL = Tag.OK, Tag.SKIP, Tag.REFUSED, Tag.UNREACHED, Tag.FAIL
-MODE_BUILD, MODE_LIST, MODE_CHECK = Mode.BUILD, Mode.LIST, Mode.CHECK
-MISSING, CORRUPT = EntryProblem.MISSING, EntryProblem.CORRUPT
-
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
