@@ -98,8 +98,12 @@ setup(
         # for another (multi-GB) build.
         "torch==2.13.0",
         "flydsl==0.4.2",
-        "pandas",
-        "ziglang",
+        # Pinned to the versions the tests run with: a new release cannot change a build.
+        "pandas==3.1.1",
+        "numpy==2.4.6",
+        "ziglang==0.17.1",
     ],
-    extras_require={"dev": ["pytest", "hypothesis", "black", "ruff"]},
+    extras_require={
+        "dev": ["pytest==9.2.0", "hypothesis==6.170.17", "black==26.10.1", "ruff==0.17.6"]
+    },
 )

@@ -35,6 +35,7 @@ from aiter.ops.shared.gemm_index import (
     reduce_grid_size,
     split_k_range,
 )
+from aiter.ops.shared.kernel_tensors import kernel_tensor, kernel_tensors
 from aiter.ops.shared.mma_16bit import k_blocks as _k_blocks
 from aiter.ops.shared.tiles import GemmTile, tile_grid
 
@@ -238,11 +239,13 @@ def launch_gemm_a16w16(
     bias_arg = bias if has_bias else out
     fx_stream = to_stream(stream)
     common = dict(tile_m=tile.tile_m, tile_n=tile.tile_n, tile_k=tile.tile_k, split_k=split_k)
+    a, b, bias_arg, out = kernel_tensors(a, b, bias_arg, out)
     if split_k == 1:
         gemm_a16w16(
             a, b, bias_arg, out, m, n, k, **common, has_bias=has_bias, mma=mma, stream=fx_stream
         )
         return
+    workspace = kernel_tensor(workspace)
     gemm_a16w16(a, b, out, workspace, m, n, k, **common, has_bias=False, mma=mma, stream=fx_stream)
     gemm_a16w16_splitk_reduce(
         workspace, bias_arg, out, m, n, split_k=split_k, has_bias=has_bias, stream=fx_stream
