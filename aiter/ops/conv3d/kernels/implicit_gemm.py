@@ -65,6 +65,7 @@ from aiter.ops.shared import SOURCES_DIGEST as SHARED_HELPERS
 from aiter.ops.shared import mma_16bit
 from aiter.ops.shared.gemm_blocks import check_mma, load_run, to_stream, zero_accs
 from aiter.ops.shared.gemm_index import acc_rows_per_lane, k_run, operand_row
+from aiter.ops.shared.kernel_tensors import kernel_tensor, kernel_tensors
 from aiter.ops.shared.launch_args import check_choice, check_int, check_rank, check_tensor
 
 __all__ = [
@@ -835,6 +836,9 @@ def launch_conv3d(
         _check_limit("out", "M * K + 256", g.positions * g.k + ELEMENTWISE_BLOCK, INDEX_LIMIT + 1)
 
     bias_arg = bias if has_bias else out
+    x_padded_ndhwc, packed_weight, bias_arg, out = kernel_tensors(
+        x_padded_ndhwc, packed_weight, bias_arg, out
+    )
     fx_stream = to_stream(stream)
     sizes = (g.n, g.groups, g.cgp, g.d, g.h, g.w, g.kg, g.out_d, g.out_h, g.out_w)
     common = dict(
@@ -848,6 +852,7 @@ def launch_conv3d(
             has_bias=has_bias, **common,
         )  # fmt: skip
         return
+    workspace = kernel_tensor(workspace)
     conv3d_implicit(
         x_padded_ndhwc, packed_weight, out, workspace, *sizes, output_layout=LAYOUTS[1],
         has_bias=False, **common,
@@ -887,6 +892,7 @@ def launch_conv3d_pretranspose(
     cgp = padded_channels(cg)
     check_tensor("out", out, (x.dtype,), (n, d, h, w, groups * cgp))
     spatial = d * h * w
+    x, out = kernel_tensors(x, out)
     conv3d_pretranspose(
         x, out, n * spatial * groups * cgp, spatial, groups, cgp, cg, stream=to_stream(stream)
     )

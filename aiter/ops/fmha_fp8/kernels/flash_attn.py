@@ -70,6 +70,7 @@ from aiter.ops.fmha_fp8.kernels.flash_attn_index import (
 )
 from aiter.ops.shared import SOURCES_DIGEST as SHARED_HELPERS
 from aiter.ops.shared.gemm_blocks import check_mma, load_run, to_stream
+from aiter.ops.shared.kernel_tensors import kernel_tensors
 from aiter.ops.shared.launch_args import check_rank, check_tensor
 
 __all__ = [
@@ -800,6 +801,11 @@ def launch_flash_attn_fp8(
     ws_out = workspace_out if use_split else stand_in
     ws_lse = workspace_lse if use_split else stand_in
     lse_arg = lse if has_lse else stand_in
+    q, k, v, out, lse_arg, q_descale, k_descale, v_descale, cu_q, cu_k, ws_out, ws_lse = (
+        kernel_tensors(
+            q, k, v, out, lse_arg, q_descale, k_descale, v_descale, cu_q, cu_k, ws_out, ws_lse
+        )
+    )
     flash_attn_fp8_fwd(
         q, k, v, out, lse_arg, q_descale, k_descale, v_descale, cu_q, cu_k, ws_out, ws_lse,
         batch, seqlen_q, seqlen_k, hq, hkv, num_kv_splits, int(interleave), rows,
@@ -809,6 +815,6 @@ def launch_flash_attn_fp8(
     )  # fmt: skip
     if use_split:
         flash_attn_fp8_combine(
-            workspace_out, workspace_lse, v_descale, out, lse_arg, rows, hq, dv, num_kv_splits,
+            ws_out, ws_lse, v_descale, out, lse_arg, rows, hq, dv, num_kv_splits,
             rows if varlen else seqlen_q, has_lse=has_lse, stream=fx_stream,
         )  # fmt: skip

@@ -42,6 +42,7 @@ from aiter.ops.shared.gemm_index_8bit import (
     w_scale_offset,
     x_scale_offset,
 )
+from aiter.ops.shared.kernel_tensors import kernel_tensors
 from aiter.ops.shared.mma_8bit import acc_dtype as _acc_dtype
 from aiter.ops.shared.mma_8bit import k_blocks as _k_blocks
 from aiter.ops.shared.tiles import GemmTile, tile_grid
@@ -490,6 +491,9 @@ def launch_gemm_a8w8_bpreshuffle(
     # With split_k == 1 the kernel never touches workspace or semaphore; x_scale stands in.
     ws_arg = workspace if split_k > 1 else x_scale
     sem_arg = semaphore if split_k > 1 else x_scale
+    xq, wq, x_scale, w_scale, out, ws_arg, sem_arg = kernel_tensors(
+        xq, wq, x_scale, w_scale, out, ws_arg, sem_arg
+    )
     gemm_a8w8_bpreshuffle(
         xq, wq, x_scale, w_scale, out, ws_arg, sem_arg, m, n, k,
         tile_m=tile.tile_m, tile_n=tile.tile_n, tile_k=tile.tile_k, split_k=split_k, mma=mma,
@@ -541,6 +545,9 @@ def launch_gemm_a8w8_blockscale(
     _check_scale("w_scale", w_scale, (n // BLOCKSCALE_BLOCK, k // BLOCKSCALE_BLOCK))
     ws_arg = workspace if split_k > 1 else x_scale
     sem_arg = semaphore if split_k > 1 else x_scale
+    xq, wq, x_scale, w_scale, out, ws_arg, sem_arg = kernel_tensors(
+        xq, wq, x_scale, w_scale, out, ws_arg, sem_arg
+    )
     gemm_a8w8_blockscale(
         xq, wq, x_scale, w_scale, out, ws_arg, sem_arg, m, n, k,
         tile_m=tile.tile_m, tile_n=tile.tile_n, tile_k=tile.tile_k, split_k=split_k, mma=mma,
