@@ -29,6 +29,9 @@ class DispatchRecord:
     table: str | None = field(default=None, compare=False)  # the TableSpec's short name
     # For a table of shapes (not of tuned choices): the cells of a row that would cover the call.
     table_row: dict[str, str] | None = field(default=None, compare=False)
+    # The call's values of the axes a build replays (e.g. {"M": 37}), named as the AOT jobs
+    # name them: a miss message compares them with what the build of the cache replayed.
+    axis: dict[str, int] = field(default_factory=dict, compare=False)
 
 
 def tensor_arg(t: Any, layout: str | None = None) -> str:

@@ -299,8 +299,81 @@ def cached_entries(request: bridge.KernelRequest) -> tuple[list[CachedEntry], in
     return entries, elsewhere
 
 
-def fix_hint(record: dispatch.DispatchRecord | None, arch: str, cu_num: str, cache: str) -> str:
-    """How to get the kernel into the cache: the table to add a row to and the build command."""
+def _row_name(ref: str) -> str:
+    """A row reference "path:line" as "file:line": a cache built from a package's tables is
+    served from another checkout or install of them."""
+    source, _, line = ref.rpartition(":")
+    return f"{Path(source).name}:{line}"
+
+
+def _listed(cache: str, arch: str) -> dict[str, KernelEntry]:
+    """The entries the manifest of the cache at `cache` lists for `arch`."""
+    from aiter.flydsl_bridge import manifest
+
+    try:
+        return manifest.read(Path(cache)).entries(arch)
+    except (OSError, ValueError):
+        return {}
+
+
+def replayed_extent(cache: str, arch: str, row: str) -> dict[str, int] | None:
+    """The largest value of each axis at which the build of the cache at `cache` replayed
+    `row` for `arch` (from its manifest), or None when no build of it replayed that row."""
+    every = _listed(cache, arch)
+    wanted, extent = _row_name(row), {}
+    for entry in every.values():
+        for requester in entry.requested_by:
+            if _row_name(requester.row) != wanted:
+                continue
+            extent[requester.axis] = max(extent.get(requester.axis, 0), requester.hi)
+            for axis, value in requester.fixed.items():
+                extent[axis] = max(extent.get(axis, 0), value)
+    return extent or None
+
+
+def _gap_hint(
+    record: dispatch.DispatchRecord,
+    extent: dict[str, int],
+    request: bridge.KernelRequest | None,
+    listed: Mapping[str, KernelEntry],
+    rebuild: str,
+) -> str:
+    """The fix when the cache's build replayed the call's row (`listed`: the entries its
+    manifest lists): rebuild when the entry was built and is gone, or when the call lies beyond
+    the maxima it replayed; else no rebuild helps, and the message names the gap."""
+    entry = f"{Path(request.cache_dir).name}/{request.file_name}" if request and request.key else ""
+    if entry in listed:
+        return f"the build of this cache wrote this entry and it is gone: {rebuild}"
+    above = {axis: v for axis, v in record.axis.items() if v > extent.get(axis, v)}
+    if above:
+        axis, value = next(iter(above.items()))
+        return (
+            f"the build of this cache replayed row {record.row} up to {axis} {extent[axis]}, "
+            f"and this call's {axis} is {value}: rebuild with --max-{axis.lower()} {value} or "
+            f"more: {rebuild}"
+        )
+    at = ", ".join(f"{axis}={v}" for axis, v in record.axis.items()) or "this call"
+    replayed = ", ".join(f"{axis} up to {v}" for axis, v in sorted(extent.items()))
+    kernel = f"{request.function} [{request.describe_params()}]" if request else "this kernel"
+    return (
+        f"a rebuild cannot help: the build of this cache replayed row {record.row} "
+        f"({replayed}) and never asked for {kernel} at {at}; the replay does not reach this "
+        "call as the runtime makes it (a gap of the AOT module, to report). Until it is "
+        f"closed, serve with {ENV_FALLBACK}=1 (an equivalent cached kernel, where one exists) "
+        f"or let it compile ({ENV_JIT}=warn, without {bridge.ENV_RUN_ONLY})"
+    )
+
+
+def fix_hint(
+    record: dispatch.DispatchRecord | None,
+    arch: str,
+    cu_num: str,
+    cache: str,
+    request: bridge.KernelRequest | None = None,
+) -> str:
+    """How to get the kernel into the cache: the table to add a row to and the build command;
+    or, when the cache's own build replayed the row and still lacks the kernel, that a rebuild
+    cannot help, and where the replay falls short."""
     target = f"GPU_ARCHS={arch}:{cu_num} " if arch != "unknown" else ""
     cache_arg = f" --cache-dir {cache}" if cache else ""
     spec = find_spec(record.table) if record is not None and record.table else None
@@ -324,6 +397,10 @@ def fix_hint(record: dispatch.DispatchRecord | None, arch: str, cu_num: str, cac
         )
     row_file = record.row.rsplit(":", 1)[0]
     csv = "" if row_file == str(spec.default_path) else f" --csv {spec.short_name}={row_file}"
+    extent = replayed_extent(cache, arch, record.row) if cache else None
+    if extent is not None:
+        listed = _listed(cache, arch)
+        return _gap_hint(record, extent, request, listed, f"{build}{csv}{cache_arg}")
     axis = spec.axis.name
     return (
         f"the row is in {row_file}: rebuild the cache with it: {build}{csv}{cache_arg} "
@@ -365,7 +442,7 @@ def describe_miss(
         entries=len(entries),
         nearest=tuple(rank_nearest(request.params, entries)),
         elsewhere=elsewhere,
-        fix=fix_hint(record, arch, cu_num, root),
+        fix=fix_hint(record, arch, cu_num, root, request),
     )
 
 

@@ -11,6 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 KINDS = ("int", "float", "str", "optional_str", "bool01", "optional_float")
+# The largest value an int cell may hold unless its column says less: every size a kernel takes
+# is a 32-bit int, so a larger cell could only fail later, at a call, far from its file.
+INT_CELL_MAXIMUM = 2**31 - 1
 
 # What each kind accepts, worded for error messages.
 EXPECTED = {
@@ -37,11 +40,18 @@ class Column:
     required: bool = True  # False: a file may leave the column out (its cells read as empty)
 
     @property
+    def upper_bound(self) -> int | None:
+        """The largest value allowed: the column's maximum, else INT_CELL_MAXIMUM for ints."""
+        if self.maximum is not None or self.kind != "int":
+            return self.maximum
+        return INT_CELL_MAXIMUM
+
+    @property
     def constrained(self) -> bool:
         return (
             bool(self.choices)
             or self.pattern is not None
-            or (self.minimum is not None or self.maximum is not None)
+            or (self.minimum is not None or self.upper_bound is not None)
         )
 
     def violation(self, text: str) -> str | None:
@@ -53,10 +63,11 @@ class Column:
             return self.expected()
         if self.pattern is not None and not re.fullmatch(self.pattern, text):
             return self.expected()
-        if self.minimum is not None or self.maximum is not None:
+        upper = self.upper_bound
+        if self.minimum is not None or upper is not None:
             value = PARSERS[self.kind](text)
             if (self.minimum is not None and value < self.minimum) or (
-                self.maximum is not None and value > self.maximum
+                upper is not None and value > upper
             ):
                 return self.expected()
         return None
@@ -77,13 +88,13 @@ class Column:
             return "one of " + ", ".join(self.choices)
         if self.pattern is not None:
             return self.pattern_help or f"text matching {self.pattern}"
-        kind = EXPECTED[self.kind]
-        if self.minimum is not None and self.maximum is not None:
-            return f"{kind} from {self.minimum} to {self.maximum}"
+        kind, upper = EXPECTED[self.kind], self.upper_bound
+        if self.minimum is not None and upper is not None:
+            return f"{kind} from {self.minimum} to {upper}"
         if self.minimum is not None:
             return f"{kind} >= {self.minimum}"
-        if self.maximum is not None:
-            return f"{kind} <= {self.maximum}"
+        if upper is not None:
+            return f"{kind} <= {upper}"
         return kind
 
 

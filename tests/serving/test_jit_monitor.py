@@ -6,6 +6,7 @@ AITER_AOT_FALLBACK (each in its own process: the settings are read once per proc
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -282,6 +283,53 @@ def test_cached_entries_reads_the_manifest_and_the_directory(tmp_path) -> None:
     assert by_path["two.pkl"].built_for == "bf16_tuned_gemm.csv:2, M 1-32, and 1 more"
     assert by_path["three.pkl"].params is None
     assert elsewhere == 1
+
+
+def _row_record(m: int) -> dispatch.DispatchRecord:
+    """A call of M = m served by the row the fake cache's build replayed (M 1-32)."""
+    return dataclasses.replace(_record("/srv/tables/bf16_tuned_gemm.csv:2"), axis={"M": m})
+
+
+def test_the_fix_says_a_rebuild_cannot_help_where_the_build_replayed_the_call(tmp_path) -> None:
+    """The cache's own build replayed the row at this M (another checkout of the same table) and
+    never asked for this kernel: rebuilding would write the same cache, so the fix says so and
+    names the gap."""
+    cache = _fake_cache(tmp_path / "cache")
+    fix = jit_monitor.fix_hint(_row_record(20), "gfx942", "304", str(cache), _request(cache))
+    assert fix.startswith(
+        "a rebuild cannot help: the build of this cache replayed row "
+        "/srv/tables/bf16_tuned_gemm.csv:2 (M up to 32) and never asked for gemm_a16w16 ["
+    )
+    assert "at M=20; the replay does not reach this call" in fix
+    assert f"{ENV_FALLBACK}=1" in fix and "rebuild the cache" not in fix
+
+
+def test_the_fix_raises_the_maximum_for_a_call_beyond_the_replay(tmp_path) -> None:
+    cache = _fake_cache(tmp_path / "cache")
+    fix = jit_monitor.fix_hint(_row_record(40), "gfx942", "304", str(cache), _request(cache))
+    assert fix.startswith(
+        "the build of this cache replayed row /srv/tables/bf16_tuned_gemm.csv:2 up to M 32, "
+        "and this call's M is 40: rebuild with --max-m 40 or more: "
+    )
+
+
+def test_the_fix_rebuilds_an_entry_the_build_wrote_that_is_gone(tmp_path) -> None:
+    cache = _fake_cache(tmp_path / "cache")
+    request = _request(cache)
+    kernels = dict(manifest.read(cache).archs["gfx942"]["gemm"])
+    kernels[f"gemm_a16w16_{MANAGER_KEY}/{request.file_name}"] = kernels.pop(
+        f"gemm_a16w16_{MANAGER_KEY}/one.pkl"
+    )
+    manifest.update_manifest(cache, "gfx942", "gemm", kernels, {})
+    fix = jit_monitor.fix_hint(_row_record(20), "gfx942", "304", str(cache), request)
+    assert fix.startswith("the build of this cache wrote this entry and it is gone: ")
+
+
+def test_the_fix_for_a_row_no_build_of_the_cache_replayed_is_to_build_it(tmp_path) -> None:
+    cache = _fake_cache(tmp_path / "cache")
+    record = dataclasses.replace(_record("/srv/tables/bf16_tuned_gemm.csv:9"), axis={"M": 20})
+    fix = jit_monitor.fix_hint(record, "gfx942", "304", str(cache), _request(cache))
+    assert fix.startswith("the row is in /srv/tables/bf16_tuned_gemm.csv: rebuild the cache")
 
 
 def test_describe_miss_lists_the_nearest_entries(tmp_path) -> None:
