@@ -11,6 +11,10 @@ grid cell they are constant; the monotone predicate then takes inside a cell onl
 at the cell's corners; every corner is probed; so every point of a cell needs the kernels of one
 of its corners. `--check --sample N` audits that claim at random points of every cell.
 
+A caller may force the split count (`num_kv_splits`): each row is also replayed with 1 and with 2
+splits (the count is a runtime argument, whether it splits is compiled), over the grid's query
+and key lengths at one batch size, since a forced count leaves batch out of every choice.
+
 Run `python -m aiter.aot.flydsl.fmha_fp8 [--list | --check]` (or `python -m aiter.aot.flydsl`).
 """
 
@@ -24,6 +28,8 @@ from aiter.ops.fmha_fp8.table import FMHA_FP8
 from aiter.tuning import Row, TableSpec
 
 SEQLEN_GRID_BASE = 4  # grid sequence lengths at powers of 4 (and the switch points)
+PLANNED = "planned"  # the split count the launcher's plan chooses
+KV_SPLITS = (PLANNED, "1", "2")
 
 
 def caller(spec: TableSpec, row: Row, variant: Mapping[str, str]) -> Call:
@@ -35,6 +41,8 @@ def caller(spec: TableSpec, row: Row, variant: Mapping[str, str]) -> Call:
     varlen = row["layout"] == "varlen"
     causal = row["causal"].strip().lower() in ("1", "true", "1.0")
     return_lse = variant["return_lse"] == "true"
+    splits = variant.get("kv_splits", PLANNED)
+    num_kv_splits = None if splits == PLANNED else int(splits)
 
     def call(batch: int, seqlen_q: int, seqlen_k: int) -> None:
         import torch
@@ -57,6 +65,7 @@ def caller(spec: TableSpec, row: Row, variant: Mapping[str, str]) -> Call:
                 cu_seqlens_kv=empty((batch + 1,), torch.int32),
                 max_seqlen_q=seqlen_q,
                 max_seqlen_kv=seqlen_k,
+                num_kv_splits=num_kv_splits,
                 return_lse=return_lse,
                 **descales,
             )
@@ -66,6 +75,7 @@ def caller(spec: TableSpec, row: Row, variant: Mapping[str, str]) -> Call:
                 empty((batch, seqlen_k, hkv, d)),
                 empty((batch, seqlen_k, hkv, dv)),
                 causal=causal,
+                num_kv_splits=num_kv_splits,
                 return_lse=return_lse,
                 **descales,
             )
@@ -112,7 +122,31 @@ def grid(spec: TableSpec, row: Row, maxima: Mapping[str, int]) -> dict[str, list
     }
 
 
-FAMILY = Family(name="fmha_fp8", tables=(FMHA_FP8,), caller=caller, grid=grid)
+def variants(spec: TableSpec, row: Row) -> list[dict[str, str]]:
+    """The spec's caller variants, each with the split count the plan chooses and with the
+    counts a caller may force (`num_kv_splits`): 1, and 2 for every count above 1 (the count is
+    a runtime argument; only whether it splits is compiled)."""
+    return [v | {"kv_splits": s} for v in spec.variants() for s in KV_SPLITS]
+
+
+def variant_grid(
+    variant: Mapping[str, str], grid: Mapping[str, Sequence[int]]
+) -> Mapping[str, Sequence[int]]:
+    """With a forced split count the batch size enters no choice (only the plan's split
+    decision, and the batch interleave, a runtime flag): one batch size is replayed."""
+    if variant["kv_splits"] == PLANNED:
+        return grid
+    return {**grid, "batch": [1]}
+
+
+FAMILY = Family(
+    name="fmha_fp8",
+    tables=(FMHA_FP8,),
+    caller=caller,
+    variants=variants,
+    grid=grid,
+    variant_grid=variant_grid,
+)
 
 
 def run(argv: Sequence[str] | None = None) -> int:

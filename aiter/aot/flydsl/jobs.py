@@ -25,6 +25,10 @@ Variants = Callable[[TableSpec, Row], list[dict[str, str]]]
 Serving = Callable[[TableSpec, Sequence[Row], int], Row | None]
 # A row's grid of several axes (axis -> values), given the deployment's maxima.
 Grid = Callable[[TableSpec, Row, Mapping[str, int]], Mapping[str, Sequence[int]]]
+# The part of a row's grid a caller variant needs.
+VariantGrid = Callable[
+    [Mapping[str, str], Mapping[str, Sequence[int]]], Mapping[str, Sequence[int]]
+]
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,9 @@ class Family:
     replay_unserved: bool = True
     # Each row's grid of several axes (attention): jobs along every grid edge instead of runs.
     grid: Grid | None = None
+    # A caller variant's part of a row's grid, where the variant makes an axis irrelevant to
+    # every choice (attention with a forced split count); None: the whole grid for every variant.
+    variant_grid: VariantGrid | None = None
     # Axis -> largest value replayed between tabled values; above it only tabled values are.
     limits: Mapping[str, int] = field(default_factory=dict)
     # Packages outside aiter holding the family's runtime (entry, plan, kernels), by import name:
@@ -98,7 +105,8 @@ class Family:
                 for row in rows:
                     grid = self.grid(spec, row, maxima)
                     for variant in self.variants_of(spec, row):
-                        jobs += grid_jobs(self, spec, row, variant, grid)
+                        own = self.variant_grid(variant, grid) if self.variant_grid else grid
+                        jobs += grid_jobs(self, spec, row, variant, own)
             else:
                 jobs += run_jobs(
                     self, spec, rows, maxima.get(spec.axis.name, spec.axis.default_max)
