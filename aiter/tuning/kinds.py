@@ -38,6 +38,7 @@ class Column:
     pattern: str | None = None  # for text kinds: a regular expression a cell must match
     pattern_help: str = ""  # what the pattern asks for, in words
     required: bool = True  # False: a file may leave the column out (its cells read as empty)
+    multiple: int | None = None  # for int columns: what every value must be a multiple of
 
     @property
     def upper_bound(self) -> int | None:
@@ -52,6 +53,7 @@ class Column:
             bool(self.choices)
             or self.pattern is not None
             or (self.minimum is not None or self.upper_bound is not None)
+            or self.multiple is not None
         )
 
     def violation(self, text: str) -> str | None:
@@ -70,6 +72,8 @@ class Column:
                 upper is not None and value > upper
             ):
                 return self.expected()
+            if self.multiple is not None and value % self.multiple:
+                return f"a multiple of {self.multiple}"
         return None
 
     def __post_init__(self) -> None:
@@ -77,6 +81,8 @@ class Column:
             raise ValueError(
                 f"column {self.name!r}: unknown kind {self.kind!r}; expected one of {KINDS}"
             )
+        if self.multiple is not None and (self.kind != "int" or self.multiple < 1):
+            raise ValueError(f"column {self.name!r}: a multiple needs an int column and 1 or more")
         if not self.required and not self.kind.startswith("optional"):
             raise ValueError(
                 f"column {self.name!r}: a column files may leave out needs an optional kind"

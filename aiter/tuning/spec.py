@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .kinds import Column
 from .row import Row
-from .table import TunedTable, load_table
+from .table import RowCheck, TunedTable, load_table
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 CONFIG_DIR_ENV = "AITER_CONFIG_DIR"  # a directory of default tables that replaces aiter/configs
@@ -58,6 +58,8 @@ class TableSpec:
     # Rows this library cannot serve, by cell text: column -> texts (validated, then dropped).
     exclude: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     aot_module: str = ""  # the AOT module that replays it (`--module`), for messages
+    # Checks of whole rows at load, for constraints between cells (see load_table).
+    row_checks: tuple[RowCheck, ...] = ()
 
     def __post_init__(self) -> None:
         _SPECS[self.short_name] = self
@@ -134,6 +136,7 @@ def _load_cached(
         env_var=spec.env_var,
         extra_paths=extra_paths,
         exclude=spec.exclude,
+        row_checks=spec.row_checks,
     )
 
 

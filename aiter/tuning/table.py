@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from types import MappingProxyType
 
 from .csvio import RawTable, read_table_file, write_table_file
@@ -20,6 +20,8 @@ from .row import Row, bad_cell
 US_COLUMN = "us"
 
 PathLike = str | os.PathLike
+# A check of a whole row, for what no single cell shows: None, or (column, what was expected).
+RowCheck = Callable[[Row], tuple[str, str] | None]
 
 
 class TunedTable:
@@ -107,13 +109,16 @@ def load_table(
     env_var: str | None = None,
     extra_paths: Sequence[PathLike] = (),
     exclude: Mapping[str, tuple[str, ...]] | None = None,
+    row_checks: Sequence[RowCheck] = (),
 ) -> TunedTable:
     """Read the default table, then files listed in `env_var`, then `extra_paths`.
 
     Every file must hold every column in `columns`, with cells of its kind. Rows with
     the same shape (`key`, which always includes `m_column`) are one: the lowest `us`
     wins, an empty `us` loses, and on a tie the later file's row wins. A row whose cell in a
-    column of `exclude` is one of that column's texts is validated, then dropped.
+    column of `exclude` is one of that column's texts is validated, then dropped. Each of
+    `row_checks` sees every row whose cells passed their columns: a (column, expected) it
+    returns refuses the table there, as a bad cell does.
     """
     kinds = _check_schema(columns, key, m_column)
     constrained = {c.name: c for c in columns if c.constrained}
@@ -132,6 +137,7 @@ def load_table(
     for raw in raws:
         _check_columns(raw, required)
         for row in _rows(raw, all_columns, kinds, constrained):
+            _check_row(row, row_checks)
             if exclude and any(row.cells[c].strip() in v for c, v in exclude.items()):
                 continue
             shape = tuple(PARSERS[kinds[name]](row.cells[name]) for name in shape_columns)
@@ -211,6 +217,20 @@ def _rows(
                 )
         rows.append(Row(MappingProxyType(cells), raw.path, line))
     return rows
+
+
+def _check_row(row: Row, row_checks: Sequence[RowCheck]) -> None:
+    for check in row_checks:
+        broken = check(row)
+        if broken is not None:
+            column, expected = broken
+            raise TableError(
+                f"{row.source}:{row.line}: column {column!r}: expected {expected}, "
+                f"found {row.cells[column]!r}",
+                path=row.source,
+                line=row.line,
+                column=column,
+            )
 
 
 def _us(row: Row) -> float:

@@ -5,6 +5,7 @@ each call launches, the dispatch record and the errors that name the argument or
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from aiter.aot.flydsl.dry_run import dry_run
 from aiter.ops.moe import host_planner as moe_host
 from aiter.ops.moe import plan as moe_plan
 from aiter.ops.moe.table import FMOE
+from aiter.tuning import TableError
 
 BF16, FN, FNUZ = torch.bfloat16, torch.float8_e4m3fn, torch.float8_e4m3fnuz
 SHAPE = dict(model_dim=2048, inter=256, experts=8, topk=2)
@@ -330,3 +332,108 @@ def test_bad_weight_shapes_are_named(table):
         run_moe(8, args=replaced(1, (8, 512, 1024)))
     with pytest.raises(ValueError, match=r"w2 must have shape \[8, 2048, 256\]"):
         run_moe(8, args=replaced(2, (8, 2048, 128)))
+
+
+def test_kernel_keys_ignore_sizes_of_one(table):
+    """topk_ids [M, 1], a [1, model_dim] and the per-token scales [M, 1] key as wider ones do:
+    one tuned choice asks for the same kernel files at every M and topk."""
+    table({"token": "8", "block_m": "16", "ksplit": "1", "topk": "1"},
+          {"token": "8", "block_m": "16", "ksplit": "1", "topk": "2"})  # fmt: skip
+    files = {}
+    for tokens, topk in ((1, 1), (5, 1), (1, 2), (5, 2)):
+        with dry_run("gfx942", 304, bridge.MODE_NAME) as requests:
+            args = moe_args(tokens, dtype=FNUZ, topk=topk)
+            aiter.fused_moe(
+                *args, quant_type="per_token", w1_scale=empty((8, 512, 1), torch.float32),
+                w2_scale=empty((8, 2048, 1), torch.float32),
+            )  # fmt: skip
+        files[tokens, topk] = {(r.function, r.file_name) for r in requests}
+    assert len({frozenset(f) for f in files.values()}) == 1, files
+    assert {name for name, _ in files[1, 1]} >= {"moe_sorting_fill", "moe_stage1", "moe_stage2"}
+
+
+GPT_OSS = dict(model_dim=2880, experts=128, topk=4)
+
+
+@pytest.mark.parametrize("inter", [360, 720, 1440])
+def test_gpt_oss_shards_are_served(table, inter):
+    """gpt-oss-120b at TP8, TP4 and TP2: swiglu with expert biases, column tiles past inter_dim
+    in stage 1 and a K tail in stage 2 (360 = 11 * 32 + 8)."""
+    table()
+
+    def args():
+        return (
+            empty((40, 2880), BF16), empty((128, 2 * inter, 2880), BF16),
+            empty((128, 2880, inter), BF16), empty((40, 4), torch.float32),
+            empty((40, 4), torch.int32),
+        )  # fmt: skip
+
+    def biases():
+        return {"bias1": empty((128, 2 * inter), torch.float32),
+                "bias2": empty((128, 2880), torch.float32)}  # fmt: skip
+
+    _, params, record = run_moe(40, args=args, tensors=biases, activation="swiglu")
+    (stage2,) = [dict(p) for p in params if "k_tail" in dict(p)]
+    assert stage2["k_tail"] == repr(inter % 32 != 0), stage2
+    assert record.kernel.startswith("flydsl_moe1_mfma_")
+
+
+@pytest.mark.parametrize(
+    "shape, quantized, message",
+    [
+        ((2880, 100), False, r"w1: inter_dim = w1.shape\[1\] / 2 must be a positive multiple of "
+                             r"8 for torch.bfloat16 weights, got 100"),
+        ((2880, 360), True, r"w1: inter_dim .* multiple of 16 for torch.float8_e4m3fnuz weights"),
+        ((2000, 256), False, r"hidden_states: model_dim = hidden_states.shape\[1\] must be a "
+                             r"positive multiple of 64, got 2000"),
+    ],
+)  # fmt: skip
+def test_shapes_the_kernels_cannot_serve_are_refused_before_any_launch(
+    table, shape, quantized, message
+):
+    table()
+    model_dim, inter = shape
+    with dry_run("gfx942", 304, bridge.MODE_NAME) as requests:
+        kwargs = {}
+        if quantized:
+            kwargs = dict(quant_type="per_token", w1_scale=empty((8, 2 * inter, 1), torch.float32),
+                          w2_scale=empty((8, model_dim, 1), torch.float32))  # fmt: skip
+        args = moe_args(8, dtype=FNUZ if quantized else BF16, model_dim=model_dim, inter=inter)
+        with pytest.raises(ValueError, match=message):
+            aiter.fused_moe(*args, **kwargs)
+    assert requests == []  # not even the sorting kernels
+
+
+def test_topk_past_the_sorted_id_is_refused(table):
+    table()
+    refused = pytest.raises(ValueError, match="topk_ids: at most topk = 127 fits a sorted id")
+    with dry_run("gfx942", 304, bridge.MODE_NAME) as requests, refused:
+        aiter.fused_moe(*moe_args(2, local=8, topk=128))
+    assert requests == []
+
+
+def test_calls_past_int32_indices_are_refused_before_any_launch(table):
+    """P * inter_dim over 2**31 (a huge prefill): named, before the sorting kernels run."""
+    table()
+    refused = pytest.raises(ValueError, match=r"hidden_states: P \* inter_dim = .* too large")
+    with dry_run("gfx942", 304, bridge.MODE_NAME) as requests, refused:
+        aiter.fused_moe(*moe_args(600_000, inter=2048))
+    assert requests == []
+
+
+@pytest.mark.parametrize(
+    "column, value, expected",
+    [
+        ("inter_dim", "100", "a multiple of 8"),
+        ("model_dim", "2000", "a multiple of 64"),
+        ("topk", "200", "an integer from 1 to 127"),
+    ],
+)
+def test_rows_the_kernels_cannot_serve_are_refused_at_load(table, column, value, expected):
+    path = table({"token": "64"}, {"token": "128", column: value})
+    message = f"{path}:3: column {column!r}: expected {expected}, found {value!r}"
+    with pytest.raises(TableError) as info:
+        FMOE.load()
+    assert str(info.value) == message
+    with pytest.raises(TableError, match=re.escape(message)):  # a call loads the table first
+        run_moe(8)

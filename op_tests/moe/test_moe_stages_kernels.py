@@ -8,6 +8,7 @@ import json
 import math
 import random
 import re
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -107,7 +108,12 @@ def test_stage_tiles_fit_the_kernels(mma: str) -> None:
         assert tile.tile_n % (waves_n * a16ix.MMA_MN) == 0
         assert tile.tile_k % a16ix.K_BLOCK == 0 and tile.tile_k % a8ix.K_BLOCK == 0
         assert tile.tile_m % 16 == 0  # a sorting block size
-    assert mg.DIM_MULTIPLE % a8ix.K_BLOCK == 0 and mg.DIM_MULTIPLE % a8ix.SHUFFLE_N == 0
+    # Stage 1's K (model_dim) has no tail; its N and stage 2's K (inter) are 16-byte steps.
+    assert ix.MODEL_DIM_MULTIPLE % a8ix.K_BLOCK == 0 and ix.MODEL_DIM_MULTIPLE % a16ix.K_BLOCK == 0
+    assert ix.MODEL_DIM_MULTIPLE % a8ix.SHUFFLE_N == 0
+    for element_bytes, multiple in ix.INTER_DIM_MULTIPLE.items():
+        assert multiple * element_bytes == ix.TAIL_CHUNK_BYTES
+    assert ix.inter_dim_multiple(1) % a8ix.SHUFFLE_K == 0  # w2's preshuffle has K = inter
 
 
 @pytest.mark.parametrize("mma", mg.MMA_FLAVOURS)
@@ -166,6 +172,94 @@ def test_k_splits_cover_the_k_blocks_once(num_kb: int, ksplit: int) -> None:
         begin, end = ix.k_split_range(split, num_kb, ksplit)
         seen.extend(range(begin, end))
     assert seen == list(range(num_kb))
+
+
+# inter_dim of real shards (gpt-oss-120b at TP8, TP4, TP2: 360, 720, 1440) and small tails.
+TAIL_INTERS = (8, 16, 24, 48, 360, 720, 1440)
+
+
+def _select(cond, a, b):
+    return a if cond else b
+
+
+def _stage2_k_layout(quant: bool, mma: str):
+    """(index module, k-block, a lane's run, tail chunk, element bytes) of stage 2's K loop."""
+    index = a8ix if quant else a16ix
+    wsz = a16ix.WAVE_SIZE[mma]
+    element_bytes = 1 if quant else 2
+    run = index.k_run(wsz)
+    return index, index.K_BLOCK, run, ix.tail_chunk(run, element_bytes), element_bytes
+
+
+def _lane_groups(wsz: int) -> list[int]:
+    """One lane per run of a k-block: the lanes of operand row 0 (the others repeat their
+    runs for rows 1-15)."""
+    return [lane for lane in range(wsz) if a16ix.lane_operand_row(lane) == 0]
+
+
+@pytest.mark.parametrize("mma", mg.MMA_FLAVOURS)
+@pytest.mark.parametrize("quant", [False, True], ids=["bf16", "fp8"])
+@pytest.mark.parametrize("inter", TAIL_INTERS)
+def test_stage2_k_blocks_and_tail_cover_inter_once(inter: int, quant: bool, mma: str) -> None:
+    """Every K index of inter is loaded once by the full k-blocks and the predicated tail; a
+    tail chunk is wholly inside inter or wholly past it, past ones load in bounds and are
+    dropped; every load is 16-byte aligned (fp8: one preshuffled 16-byte group)."""
+    index, k_block, run, chunk, element_bytes = _stage2_k_layout(quant, mma)
+    if inter % ix.inter_dim_multiple(element_bytes):  # fp8 off its rule: refused, not run
+        args, kwargs = _stage2_args(quant, inter=inter)
+        with pytest.raises(ValueError, match="a2: inter .* multiple of 16 for"):
+            mg.launch_moe_stage2(*args.values(), **kwargs)
+        return
+    wsz = a16ix.WAVE_SIZE[mma]
+    assert run % chunk == 0 and chunk * element_bytes <= ix.TAIL_CHUNK_BYTES
+    num_kb = ix.full_k_blocks(inter, k_block)
+    covered: Counter = Counter()
+    for kb in range(num_kb):
+        for lane in _lane_groups(wsz):
+            start = kb * k_block + index.lane_k_offset(lane, wsz)
+            covered.update(range(start, start + run))
+    assert ix.has_k_tail(inter, k_block) == (num_kb * k_block != inter)
+    dropped = 0
+    if ix.has_k_tail(inter, k_block):
+        for lane in _lane_groups(wsz):
+            offset = index.lane_k_offset(lane, wsz)
+            for c in range(run // chunk):
+                kk = ix.tail_chunk_k(num_kb, k_block, offset, chunk, c)
+                source = ix.chunk_source(kk, inter, _select)
+                assert source >= 0 and source + chunk <= inter
+                assert (source * element_bytes) % ix.TAIL_CHUNK_BYTES == 0
+                if quant:  # one 16-byte run of one row in the preshuffled layout
+                    assert source % a8ix.SHUFFLE_K == 0 and chunk == a8ix.SHUFFLE_K
+                if ix.chunk_inside(kk, inter):
+                    assert kk + chunk <= inter
+                    covered.update(range(kk, kk + chunk))
+                else:
+                    assert source == 0 and kk >= inter
+                    dropped += 1
+    assert covered == Counter(range(inter))
+    assert dropped * chunk == (-inter) % k_block
+    # Rows start 16-byte aligned, so every run and chunk load is.
+    assert (inter * element_bytes) % ix.TAIL_CHUNK_BYTES == 0
+
+
+@pytest.mark.parametrize("gate_mode", ix.GATE_MODES)
+@pytest.mark.parametrize("inter", TAIL_INTERS)
+def test_stage1_column_tiles_cover_inter_once(inter: int, gate_mode: str) -> None:
+    """Stage 1's N tail: the column tiles store each column of inter once; the columns past it
+    load the last column's gate and up rows (in bounds) and store nothing."""
+    for tile_n in sorted({t.tile_n for tiles in mg.STAGE_TILES.values() for t in tiles}):
+        grid_x, _, _ = ix.stage1_grid(inter, 1, tile_n, 1)
+        stored: Counter = Counter()
+        for bid_n in range(grid_x):
+            _, origin_n = ix.tile_origin(0, bid_n, 16, tile_n)
+            for col in range(origin_n, origin_n + tile_n):
+                ccol = ix.clamp_col(col, inter, _select)
+                rows = (ix.gate_row(ccol, inter, gate_mode), ix.up_row(ccol, inter, gate_mode))
+                assert all(0 <= r < 2 * inter for r in rows)
+                assert ccol == min(col, inter - 1)
+                if col < inter:  # the store predicate
+                    stored[col] += 1
+        assert stored == Counter(range(inter)), tile_n
 
 
 @pytest.mark.parametrize("activation", ix.ACTIVATIONS)
@@ -334,9 +428,29 @@ def emulate_activation(workspace, bias1, routing, out, *, topk, num_experts, til
     return writes
 
 
+def _tail_slots(inter: int, quant: bool, mma: str):
+    """Stage 2's tail k-block as the lanes load it: per K slot of the k-block (A and B share the
+    lanes' split, so slot j of both holds one k), the K index loaded and whether it is kept."""
+    index, k_block, run, chunk, _ = _stage2_k_layout(quant, mma)
+    wsz = a16ix.WAVE_SIZE[mma]
+    num_kb = ix.full_k_blocks(inter, k_block)
+    source = torch.full((k_block,), -1, dtype=torch.int64)
+    keep = torch.zeros(k_block, dtype=torch.bool)
+    for lane in _lane_groups(wsz):
+        offset = index.lane_k_offset(lane, wsz)
+        for c in range(run // chunk):
+            kk = ix.tail_chunk_k(num_kb, k_block, offset, chunk, c)
+            slots = slice(offset + c * chunk, offset + (c + 1) * chunk)
+            source[slots] = ix.chunk_source(kk, inter, _select) + torch.arange(chunk)
+            keep[slots] = ix.chunk_inside(kk, inter)
+    assert int(source.min()) >= 0  # the lanes fill every slot
+    return source, keep
+
+
 def emulate_stage2(a2, w2_flat, a2_scale, w2_scale, bias2, routing, out, workspace, *, topk,
-                   tile, mode, apply_weight, quant):  # fmt: skip
-    """Stage 2 block by block and column tile by column tile (then the top-k reduction).
+                   tile, mode, apply_weight, quant, mma="mfma"):  # fmt: skip
+    """Stage 2 block by block and column tile by column tile (then the top-k reduction); when
+    inter ends inside a k-block, that k-block as the lanes load it, chunks past inter zeroed.
 
     Returns how many times each element of the destination (out or the workspace) was written.
     """
@@ -356,13 +470,20 @@ def emulate_stage2(a2, w2_flat, a2_scale, w2_scale, bias2, routing, out, workspa
         rows, token, slot, valid = _block_rows(routing, bid_block, tile.tile_m, m, topk)
         a_rows = ix.a2_row(token, slot, m, topk, _where)
         assert int(a_rows.min()) >= 0 and int(a_rows.max()) < m * topk
-        kk = torch.arange(0, (inter // k_block) * k_block)
+        kk = torch.arange(0, ix.full_k_blocks(inter, k_block) * k_block)
         x = a2[a_rows][:, kk]
+        tail = ix.has_k_tail(inter, k_block)
+        if tail:
+            tail_kk, keep = _tail_slots(inter, quant, mma)
+            x_tail = torch.where(keep[None, :], a2[a_rows][:, tail_kk], 0.0)
         for bid_n in range(grid_x):
             _, origin_n = ix.tile_origin(bid_block, bid_n, tile.tile_m, tile.tile_n)
             cols = origin_n + torch.arange(tile.tile_n)
             w_rows = ix.expert_row(expert, ix.clamp_col(cols, model_dim, _where), model_dim)
             y = x @ _gather_weights(w2_flat, w_rows, kk, inter, quant).T
+            if tail:
+                w_tail = _gather_weights(w2_flat, w_rows, tail_kk, inter, quant)
+                y = y + x_tail @ torch.where(keep[None, :], w_tail, 0.0).T
             if quant:
                 y = y * a2_scale.view(-1)[a_rows][:, None] * w2_scale.view(-1)[w_rows][None, :]
             if bias2 is not None:
@@ -421,10 +542,13 @@ def _make_case(idx: int) -> dict:
     num_global = experts + (rnd.randint(1, 4) if ep else 0)
     topk = rnd.randint(1, min(4, num_global))
     act_dtype = rnd.choice([torch.bfloat16, torch.float16])
+    dtype = (FNUZ if idx % 8 == 3 else FN) if quant else act_dtype
     return dict(
         quant=quant,
-        dtype=(FNUZ if idx % 8 == 3 else FN) if quant else act_dtype,
+        dtype=dtype,
         act_dtype=act_dtype,
+        # the lanes' K split of stage 2's tail k-block (fnuz is gfx942's, an MFMA arch)
+        mma="mfma" if dtype == FNUZ else mg.MMA_FLAVOURS[(idx // 6) % 2],
         activation=ix.ACTIVATIONS[idx % 2],
         gate_mode=ix.GATE_MODES[(idx // 2) % 2],
         mode=mg.STAGE_MODES[(idx // 4) % 2],
@@ -446,14 +570,32 @@ def _make_case(idx: int) -> dict:
     )
 
 
-CASES = [_make_case(i) for i in range(40)]
+def _tail_cases() -> list[dict]:
+    """Two cases per inter of TAIL_INTERS (stage 1's N tail, stage 2's K tail), the second fp8
+    where the dtype rule allows it, both stage-2 modes and both lane layouts."""
+    cases = []
+    for i, inter in enumerate(TAIL_INTERS):
+        for j in range(2):
+            case = _make_case(200 + 2 * i + j)
+            quant = j == 1 and inter % ix.inter_dim_multiple(1) == 0
+            dtype = (FNUZ if i % 3 == 0 else FN) if quant else case["act_dtype"]
+            case.update(
+                inter=inter, quant=quant, dtype=dtype, mode=mg.STAGE_MODES[(i + j) % 2],
+                mma="mfma" if dtype == FNUZ else mg.MMA_FLAVOURS[j], model_dim=128,
+                m=1 + case["m"] % 24,
+            )  # fmt: skip
+            cases.append(case)
+    return cases
+
+
+CASES = [_make_case(i) for i in range(40)] + _tail_cases()
 
 
 def _case_id(c: dict) -> str:
     dtype = str(c["dtype"]).replace("torch.", "")
     return (
         f"{dtype}-{c['activation']}-{c['gate_mode']}-{c['mode']}-ks{c['ksplit']}-bm{c['block_m']}"
-        f"-m{c['m']}-e{c['experts']}of{c['num_global']}-k{c['topk']}"
+        f"-i{c['inter']}-{c['mma']}-m{c['m']}-e{c['experts']}of{c['num_global']}-k{c['topk']}"
         f"{'-bias' if c['bias'] else ''}{'-dw' if c['doweight'] else ''}"
         f"{'-nlt' if c['local_tokens'] else ''}"
     )
@@ -529,6 +671,7 @@ def test_emulated_layer_matches_the_reference(case: dict) -> None:
     writes2 = emulate_stage2(
         a2.float(), w2_kernel.float().reshape(-1), a2_scale, w2_scale, bias2, routing, out, ws2,
         topk=topk, tile=tile, mode=case["mode"], apply_weight=not case["doweight"], quant=quant,
+        mma=case["mma"],
     )  # fmt: skip
     if case["mode"] == "reduce":
         assert torch.equal(writes2, pairs.reshape(-1, 1).to(torch.int32).expand(-1, d))
@@ -563,6 +706,16 @@ def test_cases_cover_every_option() -> None:
     assert {c["ksplit"] > 1 for c in fp8} == {True, False}
     assert {c["mode"] for c in fp8} == set(mg.STAGE_MODES)
     assert {c["act_dtype"] for c in fp8} == {torch.bfloat16, torch.float16}
+    assert seen["mma"] == set(mg.MMA_FLAVOURS)
+    # Every tail inter, fp8 wherever its rule allows, both modes and lane layouts.
+    tails = [c for c in CASES if c["inter"] in TAIL_INTERS]
+    assert {c["inter"] for c in tails} == set(TAIL_INTERS)
+    assert {c["inter"] for c in tails if c["quant"]} == {
+        i for i in TAIL_INTERS if i % ix.inter_dim_multiple(1) == 0
+    }
+    assert {(c["mode"], c["mma"]) for c in tails} == {
+        (mode, mma) for mode in mg.STAGE_MODES for mma in mg.MMA_FLAVOURS
+    }
 
 
 def test_reference_skips_non_local_experts_and_tokens() -> None:
@@ -650,7 +803,13 @@ STAGE1_BAD = [
         dict(w1=torch.empty(2, 128, 128, dtype=torch.float16)),
         "w1: expected dtype torch.bfloat16",
     ),
-    (False, dict(w1=torch.empty(2, 96, 128, dtype=torch.bfloat16)), "w1: inter .* multiple of 64"),
+    (
+        False,
+        dict(w1=torch.empty(2, 92, 128, dtype=torch.bfloat16)),
+        "w1: inter = w1.shape.1. / 2 must be a positive multiple of 8 for torch.bfloat16 inputs, "
+        "got 46",
+    ),
+    (True, dict(w1=torch.empty(2, 48, 128, dtype=FNUZ)), "w1: inter .* multiple of 16 for"),
     (False, dict(w1=torch.empty(2, 128, 64, dtype=torch.bfloat16)), "w1: expected shape"),
     (False, dict(w1=torch.empty(128, 128, dtype=torch.bfloat16)), "w1: expected a 3-D"),
     (
@@ -698,7 +857,8 @@ STAGE2_BAD = [
     (False, dict(apply_weight=None), "apply_weight: expected a bool"),
     (False, dict(topk=3), "a2: expected 5 \\* 3 = 15 rows"),
     (False, dict(tile=GemmTile(16, 96, 64)), "tile: .* not supported"),
-    (False, dict(a2=torch.empty(10, 96, dtype=torch.bfloat16)), "a2: inter .* multiple of 64"),
+    (False, dict(a2=torch.empty(10, 100, dtype=torch.bfloat16)), "a2: inter .* multiple of 8 "),
+    (True, dict(a2=torch.empty(10, 24, dtype=FNUZ)), "a2: inter .* multiple of 16 for"),
     (False, dict(w2=torch.empty(2, 128, 128, dtype=torch.bfloat16)), "w2: expected shape"),
     (
         False,
@@ -752,14 +912,18 @@ def test_layer_numerics_on_gpu(mode: str) -> None:
 
 ARCH_MMA = {"gfx942": ("mfma", "float8_e4m3fnuz"), "gfx950": ("mfma", "float8_e4m3fn"),
             "gfx1250": ("wmma", "float8_e4m3fn")}  # fmt: skip
-# stage, fp8, tile, ksplit (stage 1) or mode (stage 2). Stage 1: ksplit 1 is silu/separated
-# with bias, ksplit 2 swiglu/interleave with bias and doweight; stage 2: atomic with bias and
-# weight, reduce without. The child launches configs 1 and 3 on FakeTensors.
+# stage, fp8, tile, ksplit (stage 1) or mode (stage 2), inter. Stage 1: ksplit 1 is
+# silu/separated with bias, ksplit 2 swiglu/interleave with bias and doweight; stage 2: atomic
+# with bias and weight, reduce without. The child launches the odd configs on FakeTensors. The
+# last three are gpt-oss-120b shards: column tiles past inter (stage 1) and stage 2's K tail.
 COMPILED = [
-    (1, False, (32, 64, 64), 1),
-    (1, True, (16, 128, 128), 2),
-    (2, False, (64, 128, 64), "atomic"),
-    (2, True, (32, 64, 128), "reduce"),
+    (1, False, (32, 64, 64), 1, 128),
+    (1, True, (16, 128, 128), 2, 128),
+    (2, False, (64, 128, 64), "atomic", 128),
+    (2, True, (32, 64, 128), "reduce", 128),
+    (1, False, (16, 128, 64), 1, 360),
+    (2, False, (16, 64, 64), "atomic", 360),
+    (2, True, (32, 128, 128), "atomic", 720),
 ]
 # The jit functions (cache directory prefixes) each config compiles.
 JIT_NAMES = {
@@ -767,6 +931,9 @@ JIT_NAMES = {
     1: ["moe_stage1", "moe_stage1_activation"],
     2: ["moe_stage2"],
     3: ["moe_stage2", "moe_topk_reduce"],
+    4: ["moe_stage1"],
+    5: ["moe_stage2"],
+    6: ["moe_stage2"],
 }
 MNEMONIC = {
     ("mfma", False): "v_mfma_f32_16x16x16_bf16",
@@ -788,9 +955,9 @@ mma, fp8 = sys.argv[1], getattr(torch, sys.argv[2])
 configs, cache = json.loads(sys.argv[3]), Path(sys.argv[4])
 dump = Path(sys.argv[5]) if sys.argv[5] else None
 keep = Path(sys.argv[6])
-m, d, inter, e, topk = 37, 256, 128, 4, 2
+m, d, e, topk = 37, 256, 4, 2
 results = []
-for idx, (stage, quant, tile, option) in enumerate(configs):
+for idx, (stage, quant, tile, option, inter) in enumerate(configs):
     # Even configs launch on CPU tensors, odd ones on FakeTensors on "cuda" (the AOT builder's).
     fake = idx % 2 == 1
     device = "cuda" if fake else "cpu"
@@ -905,7 +1072,7 @@ def test_gfx942_disassembly(compiled: dict) -> None:
 
     if compiled["arch"] != "gfx942":
         pytest.skip("the installed llvm-objdump disassembles gfx942 only (see the ISA listing)")
-    for (stage, quant, _, _), result in zip(COMPILED, compiled["results"], strict=True):
+    for (stage, quant, *_), result in zip(COMPILED, compiled["results"], strict=True):
         for entry in result["entries"]:
             text = elf.disassemble(extract_code_objects(entry)[0], "gfx942")
             if text is None:
@@ -922,7 +1089,7 @@ def test_isa_listing(listed: dict) -> None:
     arch = listed["arch"]
     mma, _ = ARCH_MMA[arch]
     wave = a16ix.WAVE_SIZE[mma]
-    for idx, ((stage, quant, _, option), result) in enumerate(
+    for idx, ((stage, quant, _, option, _), result) in enumerate(
         zip(COMPILED, listed["results"], strict=True)
     ):
         kernels = {name.removesuffix("_kernel"): path for name, path in result["isa"].items()}
@@ -936,6 +1103,11 @@ def test_isa_listing(listed: dict) -> None:
             assert ("v_wmma" if mma == "mfma" else "v_mfma") not in text, (idx, name)
             activates = name == "moe_stage1_activation" or (name == "moe_stage1" and option == 1)
             assert ("v_exp_f32" in text) == activates, (idx, name)
+            if name == "moe_stage2":  # operand runs and tail chunks: 16-byte loads only
+                narrow = re.findall(
+                    r"global_load_(?:[us]byte|[us]short|dwordx2|[bui]8|[bui]16|b64)\b", text
+                )
+                assert not narrow, (idx, name, sorted(set(narrow)))
             atomics = re.findall(r"global_atomic_\w+", text)
             wants_atomics = (name == "moe_stage1" and option != 1) or option == "atomic"
             assert bool(atomics) == wants_atomics, (idx, name, sorted(set(atomics)))

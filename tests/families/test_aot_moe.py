@@ -1,5 +1,7 @@
 """The fused-MoE replay end to end: a small tuned_fmoe table for two archs is listed, built,
-audited and served from, as a user would run `python -m aiter.aot.flydsl.moe`.
+audited and served from, as a user would run `python -m aiter.aot.flydsl.moe`; gpt-oss-120b's
+shards (inter_dim off the kernels' tiles) are built with --csv and served; a row the kernels
+cannot serve is refused at load.
 
 The shape (model_dim 2048, inter 256, 8 experts, top 2) makes the C++ planner switch its K split
 at 305 tokens, inside the padded bucket of 512: the replay must find that without being told.
@@ -7,6 +9,7 @@ at 305 tokens, inside the padded bucket of 512: the replay must find that withou
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import textwrap
@@ -22,6 +25,7 @@ from tests.aot_cli import (
     observed_calls_script,
     replay_reports,
     result_of,
+    run_aot,
     serve_from_cache,
     serve_with_fallback,
 )
@@ -245,3 +249,101 @@ def test_the_fallback_serves_a_deleted_k_split_with_its_cached_sibling(built, se
     ]
     for _, params in records:
         assert params["ksplit"] == 1 and params["fallback_from"] == planned
+
+
+# gpt-oss-120b's MoE layer sharded over 8, 4 and 2 GPUs: inter_dim 360 (stage 2's K ends inside
+# a k-block), 720 (likewise) and 1440 (no K tail); every stage-1 column tile count has a tail.
+GPT_OSS_INTERS = (360, 720, 1440)
+GPT_OSS_TOKENS = "64"
+
+
+def _gpt_oss_row(inter: int) -> str:
+    cells = dict.fromkeys(FMOE.header, "")
+    cells.update(
+        gfx="gfx942", cu_num="304", token=GPT_OSS_TOKENS, model_dim="2880",
+        inter_dim=str(inter), expert="128", topk="4", act_type="ActivationType.Swiglu",
+        dtype=BF16, q_dtype_a=BF16, q_dtype_w=BF16, q_type="QuantType.No", use_g1u1="1",
+        doweight_stage1="0", block_m="0", ksplit="0", run_1stage="0",
+    )  # fmt: skip
+    return ",".join(cells[name] for name in FMOE.header)
+
+
+@pytest.fixture(scope="module")
+def gpt_oss(tmp_path_factory):
+    """The gpt-oss rows alone (an empty default table), built for gfx942 with --csv."""
+    work = tmp_path_factory.mktemp("gpt_oss")
+    (work / FMOE.name).write_text(",".join(FMOE.header) + "\n")
+    table = work / "gpt_oss_fmoe.csv"
+    rows = [_gpt_oss_row(inter) for inter in GPT_OSS_INTERS]
+    table.write_text("\n".join([",".join(FMOE.header), *rows]) + "\n")
+    env = {"AITER_CONFIG_DIR": str(work), "GPU_ARCHS": "gfx942"}
+    cache = work / "cache"
+    args = ("--csv", f"fmoe={table}", "--max-tokens", GPT_OSS_TOKENS, "--cache-dir", str(cache))
+    proc, reports = replay_reports(MODULE, env, work / "build.json", *args, "-j", "2")
+    return env, table, cache, proc, reports
+
+
+def test_gpt_oss_shards_build(gpt_oss):
+    _, _, _, proc, reports = gpt_oss
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = reports["gfx942"]
+    assert report.results and all(r.tag == "OK" for r in report.results)
+    assert {r.job.row.rsplit(":", 1)[1] for r in report.results} == {"2", "3", "4"}
+    tails = {
+        re.search(r"k_tail=(\w+)", k.params)[1]
+        for k in report.kernels().values()
+        if k.function == "moe_stage2"
+    }
+    assert tails == {"True", "False"}, tails  # 360 and 720 have a K tail, 1440 has none
+
+
+SERVE_GPT_OSS = textwrap.dedent("""
+    import random, sys, torch
+    from aiter import flydsl_bridge as bridge
+    from aiter.aot.flydsl.dry_run import dry_run
+    from aiter.ops.moe.entry import fused_moe
+    rng = random.Random(7)
+    empty = lambda shape, dtype: torch.empty(shape, dtype=dtype, device="cuda")
+    served = 0
+    with dry_run("gfx942", 304, bridge.MODE_COMPILE):
+        for inter in map(int, sys.argv[1].split(",")):
+            for tokens in map(int, sys.argv[2].split(",")):
+                kw = {"gate_mode": rng.choice(["separated", "interleave"])}
+                if rng.random() < 0.5:
+                    kw["bias1"] = empty((128, 2 * inter), torch.float32)
+                    kw["bias2"] = empty((128, 2880), torch.float32)
+                if rng.random() < 0.5:
+                    kw["num_local_tokens"] = empty((1,), torch.int32)
+                fused_moe(
+                    empty((tokens, 2880), torch.bfloat16),
+                    empty((128, 2 * inter, 2880), torch.bfloat16),
+                    empty((128, 2880, inter), torch.bfloat16), empty((tokens, 4), torch.float32),
+                    empty((tokens, 4), torch.int32), activation="swiglu", **kw,
+                )
+                served += 1
+    print("served", served)
+    """)
+
+
+def test_gpt_oss_shards_are_served_from_the_cache_alone(gpt_oss, tmp_path):
+    env, table, cache, proc, _ = gpt_oss
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    inters = ",".join(map(str, GPT_OSS_INTERS))
+    serve_env = {**env, FMOE.env_var: str(table)}
+    served = serve_from_cache(SERVE_GPT_OSS, [inters, "1,5,33,64"], serve_env, cache, tmp_path)
+    assert served.returncode == 0 and "served 12" in served.stdout, served.stderr[-3000:]
+
+
+def test_a_row_the_kernels_cannot_serve_is_refused_at_load(tmp_path):
+    """inter_dim 100 is no multiple of 8: the builder names file, line and column, exit 2."""
+    table = tmp_path / "bad.csv"
+    table.write_text(
+        "\n".join([",".join(FMOE.header), _gpt_oss_row(720), _gpt_oss_row(100)]) + "\n"
+    )
+    args = ("--list", "--csv", f"fmoe={table}", "--cache-dir", str(tmp_path / "cache"))
+    proc = run_aot(MODULE, *args, env={"GPU_ARCHS": "gfx942"})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert proc.stdout == "" and "Traceback" not in proc.stderr
+    assert lines_starting(proc.stderr, "error:") == [
+        f"error: {table}:3: column 'inter_dim': expected a multiple of 8, found '100'"
+    ]

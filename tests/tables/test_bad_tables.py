@@ -135,6 +135,12 @@ AT_LOAD = [
     _case("moe", "kernelName2", MOE2, _grammar("flydsl_moe2", MOE2, "_<atomic|reduce>")),
     _case("fmha_fp8", "layout", "sparse", "expected one of dense, varlen, found 'sparse'"),
     _case("fmha_fp8", "head_dim", "32", "expected an integer from 64 to 256, found '32'"),
+    _case("moe", "inter_dim", "100", "expected a multiple of 8, found '100'"),
+    _case("moe", "model_dim", "2080", "expected a multiple of 64, found '2080'"),
+    # A constraint between cells: fp8 weights are covered in 16-wide K steps.
+    _case("moe", "inter_dim", "360", "expected a multiple of 16 for fp8 weights, found '360'",
+          q_dtype_w="torch.float8_e4m3fnuz", q_dtype_a="torch.float8_e4m3fnuz",
+          q_type="QuantType.per_Token"),
     # Integer cells past 32 bits: no kernel takes such a size, so no row may name one.
     _case("a16w16", "M", "1000000000000000000000000000000000000000", "expected an integer from 1 to 2147483647, found '1000000000000000000000000000000000000000'"),
     _case("bpreshuffle", "N", "2147483648", "expected an integer from 1 to 2147483647, found '2147483648'"),

@@ -10,6 +10,12 @@ import torch
 
 from aiter import device, dispatch, jit_monitor
 from aiter.ops.moe import host_planner as moe_host
+from aiter.ops.moe.kernels.sorting_index import MAX_TOPK
+from aiter.ops.moe.kernels.stages_index import (
+    ELEMENTWISE_BLOCK,
+    MODEL_DIM_MULTIPLE,
+    inter_dim_multiple,
+)
 from aiter.ops.moe.plan import OP, MoeChoice, MoeShape, describe, equivalent_choices, plan
 
 __all__ = ["fused_moe", "fused_topk", "moe_sorting"]
@@ -24,6 +30,7 @@ SCALE_DTYPE = torch.float32
 BIAS_DTYPE = torch.float32
 MASK_DTYPE = torch.int32
 MAX_TOKENS = 1 << 24  # sorted ids pack the token into 24 bits
+INDEX_LIMIT = 2**31  # the kernels index their buffers with int32
 
 
 def _tensor(name: str, t: object) -> torch.Tensor:
@@ -95,6 +102,8 @@ def _routing(topk_ids, topk_weights) -> tuple[int, int]:
         raise ValueError(f"topk_ids must have at least one row and column, got {[m, topk]}")
     if m >= MAX_TOKENS:
         raise ValueError(f"topk_ids: at most {MAX_TOKENS - 1} tokens fit a sorted id, got {m}")
+    if topk > MAX_TOPK:
+        raise ValueError(f"topk_ids: at most topk = {MAX_TOPK} fits a sorted id, got {topk}")
     _check("topk_ids", topk_ids, (IDS_DTYPE,), (m, topk))
     _check("topk_weights", topk_weights, (WEIGHTS_DTYPE,), (m, topk))
     return m, topk
@@ -217,6 +226,11 @@ def _shape(
         )
     m, model_dim = (int(d) for d in hidden_states.shape)
     _check("hidden_states", hidden_states, ACTIVATION_DTYPES, (m, model_dim))
+    if model_dim < 1 or model_dim % MODEL_DIM_MULTIPLE:
+        raise ValueError(
+            f"hidden_states: model_dim = hidden_states.shape[1] must be a positive multiple of "
+            f"{MODEL_DIM_MULTIPLE}, got {model_dim}"
+        )
     w1 = _tensor("w1", w1)
     if w1.dim() != 3 or w1.shape[2] != model_dim or w1.shape[1] % 2:
         raise ValueError(
@@ -230,6 +244,12 @@ def _shape(
     quantized = quant_type == "per_token"
     w_dtypes = (device.fp8_dtype(),) if quantized else (hidden_states.dtype,)
     _check("w1", w1, w_dtypes, (experts, 2 * inter, model_dim))
+    multiple = inter_dim_multiple(w1.dtype.itemsize)
+    if inter < 1 or inter % multiple:
+        raise ValueError(
+            f"w1: inter_dim = w1.shape[1] / 2 must be a positive multiple of {multiple} for "
+            f"{w1.dtype} weights, got {inter}"
+        )
     _check("w2", w2, w_dtypes, (experts, model_dim, inter))
     global_experts = (
         experts if expert_mask is None else int(_tensor("expert_mask", expert_mask).numel())
@@ -330,6 +350,7 @@ def fused_moe(
         }
 
     def launch(choice: MoeChoice) -> torch.Tensor:
+        _check_index_range(m, topk, shape, choice.block_m)
         routing = _sort(
             topk_ids, topk_weights, shape.experts, choice.block_m, expert_mask, num_local_tokens,
             m, topk,
@@ -344,6 +365,23 @@ def fused_moe(
         served = _cached_variant(served, shape, flags, launch)
     served.report(args)
     return launch(served.choice)
+
+
+def _check_index_range(m: int, topk: int, shape: MoeShape, block_m: int) -> None:
+    """The launchers' int32 index limits, checked before the first kernel launches: sorted rows
+    P, P * inter_dim (stage 1's activation grid) and M * model_dim (stage 2's reduction)."""
+    slots, _ = moe_host.moe_sorting_sizes(m, topk, shape.experts, block_m)
+    counts = {
+        f"P = {slots} sorted rows": slots,
+        f"P * inter_dim = {slots} * {shape.inter_dim}": slots * shape.inter_dim,
+        f"M * model_dim = {m} * {shape.model_dim}": m * shape.model_dim,
+    }
+    for what, count in counts.items():
+        if count + ELEMENTWISE_BLOCK > INDEX_LIMIT:
+            raise ValueError(
+                f"hidden_states: {what} (block size {block_m}) is too large for the kernels' "
+                "int32 indices; pass fewer tokens per call"
+            )
 
 
 def _cached_variant(served, shape: MoeShape, flags: tuple, launch):

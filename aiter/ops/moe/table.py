@@ -4,7 +4,14 @@ shared by the runtime lookup, the table generator and the AOT replay. Light: no 
 
 from __future__ import annotations
 
+from aiter.ops.moe.kernels.sorting_index import MAX_TOPK
+from aiter.ops.moe.kernels.stages_index import (
+    INTER_DIM_MULTIPLE,
+    MODEL_DIM_MULTIPLE,
+    inter_dim_multiple,
+)
 from aiter.tuning import BucketAxis, Column, TableSpec
+from aiter.tuning.kinds import PARSERS
 
 # How aiter writes the enum cells.
 ACT_SILU = "ActivationType.Silu"
@@ -51,6 +58,20 @@ SWIGLU_VARIANTS = {"bias": ("none", "both")}
 TOKENS_AXIS = BucketAxis(name="tokens", column="token")
 
 
+# The finest inter_dim any dtype serves (bf16/fp16); fp8 weights need more (`_fp8_inter_dim`).
+INTER_DIM_CELL_MULTIPLE = min(INTER_DIM_MULTIPLE.values())
+
+
+def _fp8_inter_dim(row):
+    """fp8 weights are covered in wider K steps: inter_dim needs their multiple."""
+    if "float8" not in row.cells["q_dtype_w"]:
+        return None
+    multiple = inter_dim_multiple(1)
+    if PARSERS["int"](row.cells["inter_dim"]) % multiple:
+        return "inter_dim", f"a multiple of {multiple} for fp8 weights"
+    return None
+
+
 def _cells(names: tuple[str, ...]) -> tuple[str, ...]:
     """How a dtype is written in a table cell: str(torch dtype)."""
     return tuple(f"torch.{name}" for name in names)
@@ -67,10 +88,10 @@ FMOE = TableSpec(
         Column("gfx", "str"),
         Column("cu_num", "int", minimum=1),
         Column("token", "int", minimum=1),
-        Column("model_dim", "int", minimum=1),
-        Column("inter_dim", "int", minimum=1),
+        Column("model_dim", "int", minimum=1, multiple=MODEL_DIM_MULTIPLE),
+        Column("inter_dim", "int", minimum=1, multiple=INTER_DIM_CELL_MULTIPLE),
         Column("expert", "int", minimum=1),
-        Column("topk", "int", minimum=1),
+        Column("topk", "int", minimum=1, maximum=MAX_TOPK),
         Column("act_type", "str", choices=tuple(ACTIVATION_CELLS.values())),
         Column("dtype", "str", choices=_cells(ACTIVATION_DTYPES)),
         Column("q_dtype_a", "str", choices=_ANY_DTYPE),
@@ -111,4 +132,5 @@ FMOE = TableSpec(
     axis=TOKENS_AXIS,
     open_choices=CALLER_VARIANTS,
     exclude={"_tag": (FALLBACK_TAG,), "run_1stage": ("1", "True", "true", "1.0")},
+    row_checks=(_fp8_inter_dim,),
 )

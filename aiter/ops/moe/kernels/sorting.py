@@ -43,6 +43,7 @@ from aiter.ops.moe.kernels.sorting_index import (
 )
 from aiter.ops.shared import SOURCES_DIGEST as SHARED_HELPERS
 from aiter.ops.shared.gemm_blocks import to_stream
+from aiter.ops.shared.kernel_tensors import kernel_tensors
 from aiter.ops.shared.launch_args import check_int, check_rank, check_tensor
 
 # dtype of the workspace (per-expert counts, then per-expert first slots).
@@ -350,6 +351,13 @@ def launch_moe_sorting(
     mask_arg = expert_mask if has_mask else topk_ids
     local_arg = num_local_tokens if has_num_local else topk_ids
     fx_stream = to_stream(stream)
+    # topk_ids [M, 1] and [1, topk] must key as [M, topk] does.
+    topk_ids, topk_weights, mask_arg, local_arg = kernel_tensors(
+        topk_ids, topk_weights, mask_arg, local_arg
+    )
+    sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, workspace = kernel_tensors(
+        sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, workspace
+    )
     moe_sorting_count(
         topk_ids, mask_arg, local_arg, workspace, m, topk, e,
         has_mask=has_mask, has_num_local=has_num_local, stream=fx_stream,

@@ -22,12 +22,15 @@ from aiter.ops.moe.kernels.stages_index import (
     ACTIVATIONS,
     ELEMENTWISE_BLOCK,
     GATE_MODES,
+    MODEL_DIM_MULTIPLE,
     SWIGLU_ALPHA,
     SWIGLU_LIMIT,
     a1_row,
     a2_row,
     activate,
     block_active,
+    chunk_inside,
+    chunk_source,
     clamp_col,
     elementwise_grid,
     elementwise_index,
@@ -36,7 +39,10 @@ from aiter.ops.moe.kernels.stages_index import (
     entry_valid,
     expert_row,
     expert_valid,
+    full_k_blocks,
     gate_row,
+    has_k_tail,
+    inter_dim_multiple,
     k_split_range,
     matrix_offset,
     routed_row,
@@ -48,15 +54,20 @@ from aiter.ops.moe.kernels.stages_index import (
     stage1_ws_up_col,
     stage2_grid,
     stage2_workspace_shape,
+    tail_chunk,
+    tail_chunk_k,
     topk_ws_offset,
     up_row,
 )
 from aiter.ops.shared import SOURCES_DIGEST as SHARED_HELPERS
-from aiter.ops.shared import mma_8bit, mma_16bit
+from aiter.ops.shared import gemm_blocks, mma_8bit, mma_16bit
+from aiter.ops.shared import gemm_index as a16_index
+from aiter.ops.shared import gemm_index_8bit as fp8_index
 from aiter.ops.shared.gemm_blocks import Tile, check_mma, coord, load_run, to_stream, zero_accs
 from aiter.ops.shared.gemm_index import K_BLOCK as A16_K_BLOCK
 from aiter.ops.shared.gemm_index import WAVE_SIZE, WAVES_PER_BLOCK, k_loop_counts, operand_row
 from aiter.ops.shared.gemm_index_8bit import K_BLOCK as FP8_K_BLOCK
+from aiter.ops.shared.kernel_tensors import kernel_tensors
 from aiter.ops.shared.launch_args import (
     check_bool,
     check_choice,
@@ -69,16 +80,17 @@ from aiter.ops.shared.tiles import GemmTile, tile_grid
 __all__ = [
     "ACTIVATIONS",
     "A16_DTYPES",
-    "DIM_MULTIPLE",
     "FP8_DTYPES",
     "GATE_MODES",
     "MMA_FLAVOURS",
+    "MODEL_DIM_MULTIPLE",
     "OUT_DTYPES",
     "STAGE_MODES",
     "STAGE_TILES",
     "SWIGLU_ALPHA",
     "SWIGLU_LIMIT",
     "WORKSPACE_DTYPE",
+    "inter_dim_multiple",
     "launch_moe_stage1",
     "launch_moe_stage2",
     "stage1_workspace_shape",
@@ -93,8 +105,6 @@ STAGE_TILES: dict[str, tuple[GemmTile, ...]] = {
 MMA_FLAVOURS = tuple(STAGE_TILES)
 STAGE_MODES = ("atomic", "reduce")
 WORKSPACE_DTYPE = torch.float32
-# model_dim and inter: multiples of the widest tile_k-independent unit the kernels need.
-DIM_MULTIPLE = 64
 A16_DTYPES = (torch.bfloat16, torch.float16)
 FP8_DTYPES = (torch.float8_e4m3fnuz, torch.float8_e4m3fn)
 # Stage-2 output and fp8 stage-1 output dtypes.
@@ -144,6 +154,55 @@ def _k_step(quant, mma, in_dtype, pa, pb, a_rows, b_rows, k, kb0, count: int, la
             mma, in_dtype, True, pa, pb, a_rows, b_rows, k, kb0, count, lane, accs
         )
     return mma_16bit.k_blocks(mma, in_dtype, pa, pb, a_rows, b_rows, k, kb0, count, lane, accs)
+
+
+def _tail_run(base, offset, row, k, kb, k_block: int, lane_offset, run: int, chunk: int, dtype):
+    """A lane's K run of `row` in the k-block kb that K ends inside, `chunk` elements per load:
+    a chunk past K loads element 0 of the row (in bounds) and is zeroed. offset(row, kk) is the
+    element offset of [row, kk]."""
+    zero = fx.Vector.filled(chunk, 0, dtype)
+    parts = []
+    for c in range_constexpr(run // chunk):
+        kk = tail_chunk_k(kb, k_block, lane_offset, chunk, c)
+        part = load_run(base, offset(row, chunk_source(kk, k, _select)), chunk, dtype)
+        parts.append(_select(chunk_inside(kk, k), part, zero))
+    whole = parts[0]
+    for c in range_constexpr(1, len(parts)):
+        whole = whole.shuffle(parts[c], list(range(chunk * (c + 1))))
+    return whole
+
+
+def _k_tail_step(quant, mma, in_dtype, pa, pb, a_rows, b_rows, k, kb, lane, accs):
+    """The k-block kb that K ends inside, over every MMA tile of the wave: the full k-block
+    step with every lane's chunks past K zeroed in both operands (fp8: preshuffled weights)."""
+    wsz = WAVE_SIZE[mma]
+    index, mma_steps = (fp8_index, mma_8bit) if const_expr(quant) else (a16_index, mma_16bit)
+    run = index.k_run(wsz)
+    chunk = tail_chunk(run, 1 if const_expr(quant) else 2)
+    lane_offset = index.lane_k_offset(lane, wsz)
+
+    def step(a_run, b_run, acc):
+        return mma_steps.mma_step(mma, in_dtype, a_run, b_run, acc)
+
+    def row_major(row, kk):
+        return matrix_offset(row, kk, k)
+
+    def weight(row, kk):
+        if const_expr(quant):
+            return fp8_index.shuffled_offset(row, kk, k)
+        return matrix_offset(row, kk, k)
+
+    def loader(base, offset):
+        def load(row, kb_):
+            return _tail_run(
+                base, offset, row, k, kb_, index.K_BLOCK, lane_offset, run, chunk, in_dtype
+            )
+
+        return load
+
+    return gemm_blocks.k_blocks(
+        step, loader(pa, row_major), loader(pb, weight), a_rows, b_rows, kb, 1, accs
+    )
 
 
 def _entry(psid, row, m, topk):
@@ -479,9 +538,11 @@ def moe_stage2_kernel(
     apply_weight: fx.Constexpr[bool],
     quant: fx.Constexpr[bool],
     mma: fx.Constexpr[str],
+    k_tail: fx.Constexpr[bool],
 ):
     """Block (x, y) computes tile_n columns of model_dim for the rows of sorted block y and adds
-    them into out[token] ("atomic") or stores them to the fp32 workspace row ("reduce")."""
+    them into out[token] ("atomic") or stores them to the fp32 workspace row ("reduce"); with
+    k_tail, inter ends inside its last k-block, which a predicated step adds."""
     tile = Tile(mma, tile_m, tile_n, m, model_dim)
     block = fx.block_idx.y
     psid = fx.get_iter(sorted_ids)
@@ -495,7 +556,8 @@ def moe_stage2_kernel(
         a_rows, b_rows = _stage2_operand_rows(tile, psid, expert, m, topk, model_dim)
         k_block = _k_block(quant)
         blocks_per_iter = tile_k // k_block
-        iters, tail_begin = k_loop_counts(0, inter // k_block, blocks_per_iter)
+        num_kb = full_k_blocks(inter, k_block)
+        iters, tail_begin = k_loop_counts(0, num_kb, blocks_per_iter)
         accs = zero_accs(tile.reps_m * tile.reps_n, tile.rows_per_lane, fx.Float32)
         for it in range(fx.Int32(0), iters, fx.Int32(1)):
             accs = _k_step(
@@ -503,10 +565,14 @@ def moe_stage2_kernel(
                 it * blocks_per_iter, blocks_per_iter, tile.lane, accs,
             )  # fmt: skip
         if const_expr(blocks_per_iter > 1):
-            for kb in range(tail_begin, inter // k_block, fx.Int32(1)):
+            for kb in range(tail_begin, num_kb, fx.Int32(1)):
                 accs = _k_step(
                     quant, mma, in_dtype, pa, pb, a_rows, b_rows, k64, kb, 1, tile.lane, accs
                 )
+        if const_expr(k_tail):
+            accs = _k_tail_step(
+                quant, mma, in_dtype, pa, pb, a_rows, b_rows, k64, num_kb, tile.lane, accs
+            )
 
         pout = fx.get_iter(out)
         psw = fx.get_iter(sorted_weights)
@@ -572,13 +638,14 @@ def moe_stage2(
     apply_weight: fx.Constexpr[bool],
     quant: fx.Constexpr[bool],
     mma: fx.Constexpr[str],
+    k_tail: fx.Constexpr[bool],
     stream: fx.Stream = fx.Stream(None),
 ):
     _ = SHARED_HELPERS  # FlyDSL keys this kernel by the shared helpers' sources
     moe_stage2_kernel(
         a2, w2, sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, out, a2_scale,
         w2_scale, bias2, m, model_dim, inter, num_experts, topk, tile_m, tile_n, tile_k, mode,
-        has_bias, apply_weight, quant, mma,
+        has_bias, apply_weight, quant, mma, k_tail,
     ).launch(
         grid=stage2_grid(model_dim, num_blocks, tile_n),
         block=(WAVES_PER_BLOCK * WAVE_SIZE[mma], 1, 1),
@@ -625,10 +692,19 @@ def moe_topk_reduce(
 # --- host launchers ------------------------------------------------------------------------
 
 
-def _check_dim(name: str, what: str, value: int) -> None:
-    if value <= 0 or value % DIM_MULTIPLE:
+def _check_model_dim(name: str, what: str, value: int) -> None:
+    if value <= 0 or value % MODEL_DIM_MULTIPLE:
         raise ValueError(
-            f"{name}: {what} must be a positive multiple of {DIM_MULTIPLE}, got {value}"
+            f"{name}: {what} must be a positive multiple of {MODEL_DIM_MULTIPLE}, got {value}"
+        )
+
+
+def _check_inter(name: str, what: str, value: int, dtype: torch.dtype) -> None:
+    multiple = inter_dim_multiple(dtype.itemsize)
+    if value <= 0 or value % multiple:
+        raise ValueError(
+            f"{name}: {what} must be a positive multiple of {multiple} for {dtype} inputs, "
+            f"got {value}"
         )
 
 
@@ -716,7 +792,8 @@ def launch_moe_stage1(
       / v_wmma_f32_16x16x64_fp8_fp8, k-blocks of 64) with every expert's [2 * inter, model_dim]
       slab preshuffled by gemm_shuffle_weight(w1[e], (16, 16)), a_scale float32 [M, 1]
       (per token) and w1_scale float32 [E, 2 * inter, 1] (per w1 row). bf16/fp16 take no scales.
-      model_dim and inter are positive multiples of 64; 1 <= M < 2**24; 1 <= topk <= 127.
+      model_dim is a positive multiple of 64; inter of 8 (bf16/fp16) or 16 (fp8): column tiles
+      past inter load clamped rows and store nothing. 1 <= M < 2**24; 1 <= topk <= 127.
     - Routing (moe_sorting): sorted_ids int32 [P], entry (slot << 24) | token, padding
       (topk << 24) | M; sorted_weights float32 [P]; sorted_expert_ids int32 [num_blocks], the
       LOCAL expert (index into w1) of sorted block b (rows b * tile_m ... + tile_m - 1);
@@ -765,13 +842,13 @@ def launch_moe_stage1(
     quant = _input_kind("a", a, "w1", w1, mma)
     if not 1 <= m <= MAX_TOKENS:
         raise ValueError(f"a: M = a.shape[0] must be in [1, {MAX_TOKENS}], got {m}")
-    _check_dim("a", "model_dim = a.shape[1]", model_dim)
+    _check_model_dim("a", "model_dim = a.shape[1]", model_dim)
     if num_experts < 1 or two_inter % 2 or w_k != model_dim:
         raise ValueError(
             f"w1: expected shape [E >= 1, 2 * inter, {model_dim}], got {list(w1.shape)}"
         )
     inter = two_inter // 2
-    _check_dim("w1", "inter = w1.shape[1] / 2", inter)
+    _check_inter("w1", "inter = w1.shape[1] / 2", inter, w1.dtype)
     check_tensor("a", a, (a.dtype,), (m, model_dim))
     check_tensor("w1", w1, (w1.dtype,), (num_experts, two_inter, model_dim))
     rows, blocks = _check_routing(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids)
@@ -803,7 +880,10 @@ def launch_moe_stage1(
     scale_w = w1_scale if quant else stand_in
     bias_arg = bias1 if has_bias else stand_in
     fx_stream = to_stream(stream)
-    routing = (sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids)
+    routing = kernel_tensors(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids)
+    a, w1, out, scale_a, scale_w, bias_arg, stand_in = kernel_tensors(
+        a, w1, out, scale_a, scale_w, bias_arg, stand_in
+    )
     tiles = dict(tile_m=tile.tile_m, tile_n=tile.tile_n, tile_k=tile.tile_k)
     sizes = (m, inter, model_dim, num_experts, topk, blocks)
     if ksplit == 1:
@@ -813,6 +893,7 @@ def launch_moe_stage1(
             quant=quant, mma=mma, stream=fx_stream,
         )  # fmt: skip
         return
+    (workspace,) = kernel_tensors(workspace)
     moe_stage1(
         a, w1, *routing, workspace, scale_a, scale_w, stand_in, *sizes, **tiles, ksplit=ksplit,
         activation=ACTIVATIONS[0], gate_mode=gate_mode, has_bias=False, doweight=False,
@@ -857,8 +938,10 @@ def launch_moe_stage2(
       float8_e4m3fn on gfx950/gfx1250) with every expert's [model_dim, inter] slab preshuffled
       by gemm_shuffle_weight(w2[e], (16, 16)), a2_scale float32 [M * topk, 1] and
       w2_scale float32 [E, model_dim, 1]; bf16/fp16 take no scales. fp32 accumulation; the
-      scales multiply the accumulator in the epilogue. model_dim and inter are positive
-      multiples of 64; M = out.shape[0] in [1, 2**24); 1 <= topk <= 127.
+      scales multiply the accumulator in the epilogue. model_dim is a positive multiple of 64,
+      inter of 8 (bf16/fp16) or 16 (fp8): when inter ends inside a k-block, that k-block is
+      added in 16-byte chunks per lane, those past inter zeroed (loaded from column 0, in
+      bounds). M = out.shape[0] in [1, 2**24); 1 <= topk <= 127.
     - Routing as for launch_moe_stage1 (tile.tile_m MUST equal the sorting block size; inactive
       blocks, blocks of experts outside [0, E) and padding rows store nothing).
     - bias2 float32 [E, model_dim] or None, added after the scales and before the weight.
@@ -873,7 +956,8 @@ def launch_moe_stage2(
     - tile: one of STAGE_TILES[mma]; mma and stream as for launch_moe_stage1.
 
     Kernels (jit names): moe_stage2 (Constexpr tile_m, tile_n, tile_k, mode, has_bias,
-    apply_weight, quant, mma; topk and the sizes are runtime int32) and, for "reduce",
+    apply_weight, quant, mma, k_tail = inter % K_BLOCK != 0, so aligned shapes compile without
+    the tail step; topk and the sizes are runtime int32) and, for "reduce",
     moe_topk_reduce (Constexpr topk: its sum is unrolled).
     """
     check_mma(mma, MMA_FLAVOURS)
@@ -887,8 +971,8 @@ def launch_moe_stage2(
     quant = _input_kind("a2", a2, "w2", w2, mma)
     if not 1 <= m <= MAX_TOKENS:
         raise ValueError(f"out: M = out.shape[0] must be in [1, {MAX_TOKENS}], got {m}")
-    _check_dim("a2", "inter = a2.shape[1]", inter)
-    _check_dim("w2", "model_dim = w2.shape[1]", model_dim)
+    _check_inter("a2", "inter = a2.shape[1]", inter, a2.dtype)
+    _check_model_dim("w2", "model_dim = w2.shape[1]", model_dim)
     if num_experts < 1 or w_k != inter:
         raise ValueError(f"w2: expected shape [E >= 1, model_dim, {inter}], got {list(w2.shape)}")
     if routed != m * topk:
@@ -920,12 +1004,17 @@ def launch_moe_stage2(
     stand_in = sorted_weights
     dst = out if mode == "atomic" else workspace
     fx_stream = to_stream(stream)
-    moe_stage2(
+    k_tail = has_k_tail(inter, _k_block(quant))
+    tensors = kernel_tensors(
         a2, w2, sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids, dst,
         a2_scale if quant else stand_in, w2_scale if quant else stand_in,
-        bias2 if has_bias else stand_in, m, model_dim, inter, num_experts, topk, blocks,
-        tile_m=tile.tile_m, tile_n=tile.tile_n, tile_k=tile.tile_k, mode=mode,
-        has_bias=has_bias, apply_weight=apply_weight, quant=quant, mma=mma, stream=fx_stream,
+        bias2 if has_bias else stand_in,
+    )  # fmt: skip
+    moe_stage2(
+        *tensors, m, model_dim, inter, num_experts, topk, blocks, tile_m=tile.tile_m,
+        tile_n=tile.tile_n, tile_k=tile.tile_k, mode=mode, has_bias=has_bias,
+        apply_weight=apply_weight, quant=quant, mma=mma, k_tail=k_tail, stream=fx_stream,
     )  # fmt: skip
     if mode == "reduce":
+        workspace, out = kernel_tensors(workspace, out)
         moe_topk_reduce(workspace, out, m, model_dim, topk=topk, stream=fx_stream)

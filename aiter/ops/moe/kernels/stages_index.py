@@ -27,6 +27,23 @@ GATE_MODES = ("separated", "interleave")
 # Elements per block of the one-element-per-thread kernels (activation, top-k reduce).
 ELEMENTWISE_BLOCK = 256
 
+# --- shape rules -----------------------------------------------------------------------------
+
+# model_dim is stage 1's K and stage 2's N: a multiple of the fp8 k-block, so stage 1 has no K
+# tail. Every MoE model's hidden size is one (gpt-oss 2880 = 45 * 64, DeepSeek-V3 7168).
+MODEL_DIM_MULTIPLE = 64
+# inter_dim is stage 1's N (columns past it are clamped on load, predicated on store) and stage
+# 2's K, whose last k-block may end early: it is read in chunks of TAIL_CHUNK_BYTES, each wholly
+# inside or past inter_dim, so inter_dim * element size must be a multiple of it. fp8 also needs
+# it for the (16, 16) preshuffle of w2, whose K is inter_dim.
+TAIL_CHUNK_BYTES = 16
+INTER_DIM_MULTIPLE = {2: 8, 1: 16}  # by element bytes: bf16/fp16, fp8
+
+
+def inter_dim_multiple(element_bytes: int) -> int:
+    """What inter_dim must be a positive multiple of, for inputs of `element_bytes` per element."""
+    return INTER_DIM_MULTIPLE[element_bytes]
+
 
 def entry_token(entry):
     """Token of a sorted_ids entry (>= M for padding)."""
@@ -142,6 +159,42 @@ def stage1_acc_index(rep_m: int, rep_n: int, reps_n: int, half: int) -> int:
 def k_split_range(split, num_k_blocks, ksplit: int):
     """Half-open range of k-blocks of split `split` (the GEMM split-K rule)."""
     return split_k_range(split, num_k_blocks, ksplit)
+
+
+# --- stage 2's K tail ------------------------------------------------------------------------
+
+
+def has_k_tail(k: int, k_block: int) -> bool:
+    """Whether K ends inside a k-block: the kernel then runs one predicated k-block after the
+    full ones (a compile-time choice, so aligned shapes compile without it)."""
+    return k % k_block != 0
+
+
+def full_k_blocks(k, k_block: int):
+    """k-blocks wholly inside K; the tail k-block, when there is one, has this index."""
+    return k // k_block
+
+
+def tail_chunk(run: int, element_bytes: int) -> int:
+    """Elements per predicated load of a lane's K run in the tail k-block (the whole run when it
+    is shorter than TAIL_CHUNK_BYTES)."""
+    return min(run, TAIL_CHUNK_BYTES // element_bytes)
+
+
+def tail_chunk_k(kb, k_block: int, lane_offset, chunk: int, c: int):
+    """First K index of chunk c of a lane's run in k-block kb (lane_offset: the run's start
+    inside the k-block, gemm_index.lane_k_offset)."""
+    return kb * k_block + lane_offset + c * chunk
+
+
+def chunk_inside(kk, k):
+    """Whether the chunk starting at K index kk holds data (the rule makes it wholly inside)."""
+    return kk < k
+
+
+def chunk_source(kk, k, select):
+    """K index a chunk loads from: its own, or 0 past K (in bounds; the value is zeroed)."""
+    return select(chunk_inside(kk, k), kk, 0)
 
 
 # --- outputs and workspaces ----------------------------------------------------------------
