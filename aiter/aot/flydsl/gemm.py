@@ -2,6 +2,13 @@
 
 The tables, their variants and the scale shapes come from the entries' own declarations; run
 `python -m aiter.aot.flydsl.gemm [--list | --check]` (or `python -m aiter.aot.flydsl` for all).
+
+Why bisection along M finds every kernel a row serves: the lookup changes only at tabled M
+values and bucket edges, which naming probes on both sides; inside a bucket the kernels are a
+function of the plan's tile and split-K, and along M the tile never goes back (tile_m grows with
+M, then tile_n with the blocks) while within one tile split-K only shrinks as the blocks grow.
+So each choice holds on one run of M, and two probes asking for the same kernels bound a run of
+them (tests/replay/test_bisection_exact.py checks this densely).
 """
 
 from __future__ import annotations

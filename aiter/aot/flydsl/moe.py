@@ -2,6 +2,11 @@
 token count changes, becomes calls of `fused_moe` with FakeTensors for every caller variant.
 
 Run `python -m aiter.aot.flydsl.moe [--list | --check]` (or `python -m aiter.aot.flydsl` for all).
+
+Why bisection inside a run finds every kernel: the kernels are a function of the plan's block
+size, K split and tiles; the planner's block size never shrinks as tokens grow, and with one
+block size its K split never grows; so each choice holds on one run of tokens, and two probes
+asking for the same kernels bound a run of them (tests/replay/test_bisection_exact.py).
 """
 
 from __future__ import annotations
