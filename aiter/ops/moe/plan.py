@@ -109,6 +109,7 @@ class MoePlan:
             },
             args=args() if args is not None else {},
             table=moe_table.FMOE.short_name,
+            axis={moe_table.TOKENS_AXIS.name: self.tokens},
         )
 
 
