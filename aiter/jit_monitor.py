@@ -316,44 +316,56 @@ def _listed(cache: str, arch: str) -> dict[str, KernelEntry]:
         return {}
 
 
-def replayed_extent(cache: str, arch: str, row: str) -> dict[str, int] | None:
-    """The largest value of each axis at which the build of the cache at `cache` replayed
-    `row` for `arch` (from its manifest), or None when no build of it replayed that row."""
-    every = _listed(cache, arch)
-    wanted, extent = _row_name(row), {}
-    for entry in every.values():
+def replayed_ranges(cache: str, arch: str, row: str) -> dict[str, list[tuple[int, int]]]:
+    """The ranges of each axis over which the build of the cache at `cache` replayed `row` for
+    `arch` (from its manifest; a grid's fixed values as one-value ranges); empty when no build
+    of it replayed that row."""
+    wanted, ranges = _row_name(row), {}
+    for entry in _listed(cache, arch).values():
         for requester in entry.requested_by:
             if _row_name(requester.row) != wanted:
                 continue
-            extent[requester.axis] = max(extent.get(requester.axis, 0), requester.hi)
+            ranges.setdefault(requester.axis, []).append((requester.lo, requester.hi))
             for axis, value in requester.fixed.items():
-                extent[axis] = max(extent.get(axis, 0), value)
-    return extent or None
+                ranges.setdefault(axis, []).append((value, value))
+    return {axis: sorted(set(spans)) for axis, spans in ranges.items()}
+
+
+def _spans(spans: list[tuple[int, int]]) -> str:
+    """Ranges as text, touching ones merged: "1-64, 128"."""
+    merged: list[list[int]] = []
+    for lo, hi in spans:
+        if merged and lo <= merged[-1][1] + 1:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return ", ".join(f"{lo}-{hi}" if hi > lo else f"{lo}" for lo, hi in merged)
 
 
 def _gap_hint(
     record: dispatch.DispatchRecord,
-    extent: dict[str, int],
+    ranges: dict[str, list[tuple[int, int]]],
     request: bridge.KernelRequest | None,
     listed: Mapping[str, KernelEntry],
     rebuild: str,
 ) -> str:
     """The fix when the cache's build replayed the call's row (`listed`: the entries its
-    manifest lists): rebuild when the entry was built and is gone, or when the call lies beyond
-    the maxima it replayed; else no rebuild helps, and the message names the gap."""
+    manifest lists): rebuild when the entry was built and is gone, or when the call lies outside
+    the ranges it replayed (a maximum left them out); else no rebuild helps, and the message
+    names the gap."""
     entry = f"{Path(request.cache_dir).name}/{request.file_name}" if request and request.key else ""
     if entry in listed:
         return f"the build of this cache wrote this entry and it is gone: {rebuild}"
-    above = {axis: v for axis, v in record.axis.items() if v > extent.get(axis, v)}
-    if above:
-        axis, value = next(iter(above.items()))
-        return (
-            f"the build of this cache replayed row {record.row} up to {axis} {extent[axis]}, "
-            f"and this call's {axis} is {value}: rebuild with --max-{axis.lower()} {value} or "
-            f"more: {rebuild}"
-        )
+    for axis, value in record.axis.items():
+        spans = ranges.get(axis)
+        if spans and not any(lo <= value <= hi for lo, hi in spans):
+            return (
+                f"the build of this cache replayed row {record.row} at {axis} {_spans(spans)}, "
+                f"and this call's {axis} is {value}: rebuild with --max-{axis.lower()} {value} "
+                f"or more: {rebuild}"
+            )
     at = ", ".join(f"{axis}={v}" for axis, v in record.axis.items()) or "this call"
-    replayed = ", ".join(f"{axis} up to {v}" for axis, v in sorted(extent.items()))
+    replayed = "; ".join(f"{axis} {_spans(spans)}" for axis, spans in sorted(ranges.items()))
     kernel = f"{request.function} [{request.describe_params()}]" if request else "this kernel"
     return (
         f"a rebuild cannot help: the build of this cache replayed row {record.row} "
@@ -397,10 +409,10 @@ def fix_hint(
         )
     row_file = record.row.rsplit(":", 1)[0]
     csv = "" if row_file == str(spec.default_path) else f" --csv {spec.short_name}={row_file}"
-    extent = replayed_extent(cache, arch, record.row) if cache else None
-    if extent is not None:
+    ranges = replayed_ranges(cache, arch, record.row) if cache else {}
+    if ranges:
         listed = _listed(cache, arch)
-        return _gap_hint(record, extent, request, listed, f"{build}{csv}{cache_arg}")
+        return _gap_hint(record, ranges, request, listed, f"{build}{csv}{cache_arg}")
     axis = spec.axis.name
     return (
         f"the row is in {row_file}: rebuild the cache with it: {build}{csv}{cache_arg} "

@@ -298,7 +298,7 @@ def test_the_fix_says_a_rebuild_cannot_help_where_the_build_replayed_the_call(tm
     fix = jit_monitor.fix_hint(_row_record(20), "gfx942", "304", str(cache), _request(cache))
     assert fix.startswith(
         "a rebuild cannot help: the build of this cache replayed row "
-        "/srv/tables/bf16_tuned_gemm.csv:2 (M up to 32) and never asked for gemm_a16w16 ["
+        "/srv/tables/bf16_tuned_gemm.csv:2 (M 1-32) and never asked for gemm_a16w16 ["
     )
     assert "at M=20; the replay does not reach this call" in fix
     assert f"{ENV_FALLBACK}=1" in fix and "rebuild the cache" not in fix
@@ -308,7 +308,7 @@ def test_the_fix_raises_the_maximum_for_a_call_beyond_the_replay(tmp_path) -> No
     cache = _fake_cache(tmp_path / "cache")
     fix = jit_monitor.fix_hint(_row_record(40), "gfx942", "304", str(cache), _request(cache))
     assert fix.startswith(
-        "the build of this cache replayed row /srv/tables/bf16_tuned_gemm.csv:2 up to M 32, "
+        "the build of this cache replayed row /srv/tables/bf16_tuned_gemm.csv:2 at M 1-32, "
         "and this call's M is 40: rebuild with --max-m 40 or more: "
     )
 
