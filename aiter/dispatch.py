@@ -23,7 +23,9 @@ class DispatchRecord:
     kernel: str | None  # kernel name as the table spells it, None for torch
     source: str  # "table" or "heuristic"
     row: str | None = None  # "file:line" of the table row, when one served the call
-    params: dict[str, Any] = field(default_factory=dict)  # compile-time choices
+    # Compile-time choices; for torch, "reason" says why no FlyDSL kernel serves the call (when
+    # the table did not simply say torch), e.g. {"reason": "K % 32 != 0 (K=100)"}.
+    params: dict[str, Any] = field(default_factory=dict)
     # The call's arguments as text, argument name -> e.g. "bfloat16[32, 4096] row-major".
     args: dict[str, str] = field(default_factory=dict, compare=False)
     table: str | None = field(default=None, compare=False)  # the TableSpec's short name

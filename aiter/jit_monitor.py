@@ -30,6 +30,7 @@ actually used. gemm_plan.Plan.launch is the worked example.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -398,6 +399,11 @@ def fix_hint(
     config_dir = os.environ.get(CONFIG_DIR_ENV)
     tables = f"{CONFIG_DIR_ENV}={config_dir} " if config_dir else ""  # the build reads the same
     build = f"{target}{tables}python -m aiter.aot.flydsl{module}"
+    if record.row is None and record.table_row and spec.covers is not None:
+        # A table of shapes the runtime never looks up: the row meant to cover the call.
+        covering = next((r for r in spec.load().rows if spec.covers(r, record.table_row)), None)
+        if covering is not None:
+            record = dataclasses.replace(record, row=f"{covering.source}:{covering.line}")
     if record.row is None:
         example = ""
         if record.table_row:

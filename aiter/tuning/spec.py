@@ -8,7 +8,7 @@ import functools
 import itertools
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,6 +60,9 @@ class TableSpec:
     aot_module: str = ""  # the AOT module that replays it (`--module`), for messages
     # Checks of whole rows at load, for constraints between cells (see load_table).
     row_checks: tuple[RowCheck, ...] = ()
+    # For a table of shapes the runtime never looks up: whether a row covers the call whose
+    # covering row's cells (a dispatch record's table_row) are given.
+    covers: Callable[[Row, Mapping[str, str]], bool] | None = None
 
     def __post_init__(self) -> None:
         _SPECS[self.short_name] = self

@@ -193,3 +193,83 @@ def test_errors_name_the_argument(table, kwargs, error, message):
     table()
     with pytest.raises(error, match=message):
         run_conv(tensors(), **kwargs)
+
+
+# --- calls the kernel cannot serve go to torch ---
+
+
+@pytest.mark.parametrize(
+    "g, split_k, reason",
+    [
+        (geometry(8), 2, None),
+        # groups * split_k work-group rows: at most 65535.
+        (geometry(8, c=4096, k=4096, groups=4096), 8, None),
+        (geometry(8, c=4096, k=4096, groups=4096), 16,
+         "groups * split_k = 65536 exceeds the kernel's 65535 grid rows"),
+        (geometry(8, c=65536, k=65536, groups=65536), 1,
+         "groups = 65536 exceeds the kernel's 65535 grid rows"),
+        # 2**31 input positions: N * D * H * W must fit 32-bit indices.
+        (geometry(2048, h=1024, w=1024), 1,
+         "N * D * H * W = 2147483648 is too large for the kernel's 32-bit indices"),
+        # The split-K epilogue's flat index: M * K + 256 <= 2**31.
+        (geometry(16, k=128, h=1024, w=1024), 1, None),
+        (geometry(16, k=128, h=1024, w=1024), 2,
+         "M * K = 2147483648 is too large for the split-K epilogue's 32-bit indices "
+         "(split_k=2)"),
+    ],
+)  # fmt: skip
+def test_what_the_kernel_cannot_serve(g, split_k, reason):
+    choice = config.ConvChoice("mfma", ConvTile(32, 32, 2, 2, 4), split_k)
+    assert config.cannot_serve(g, "mfma", choice) == reason
+
+
+def test_an_arch_without_conv3d_kernels_is_served_by_torch(table, monkeypatch):
+    table({"D": "8"})
+    monkeypatch.delitem(kernels.SUPPORTED_TILES, "mfma")
+    out, functions, records = run_conv(tensors(), padding=1)
+    assert tuple(out.shape) == (1, 32, 8, 8, 8) and functions == []
+    (record,) = records
+    assert (record.backend, record.source) == (dispatch.BACKEND_TORCH, "table")
+    assert record.params == {"reason": "no mfma conv3d kernels (only wmma)"}
+
+
+def test_a_tuned_split_the_kernel_cannot_launch_falls_to_torch(table):
+    # A depthwise layer whose row asks for 32 splits: 4096 groups x 32 > 65535 grid rows.
+    path = table({"C": "4096", "K": "4096", "groups": "4096", "splitK": "32"})
+
+    def make():
+        x = torch.empty((1, 4096, 8, 8, 8), dtype=BF16, device="cuda")
+        w = torch.empty((4096, 1, 3, 3, 3), dtype=BF16, device="cuda")
+        return x, w, torch.empty((4096,), dtype=BF16, device="cuda")
+
+    out, functions, records = run_conv(make, padding=1, groups=4096)
+    assert tuple(out.shape) == (1, 4096, 8, 8, 8) and functions == []
+    assert records == [
+        dispatch.DispatchRecord(
+            config.OP, dispatch.BACKEND_TORCH, None, "table", f"{path}:2",
+            {"reason": "groups * split_k = 131072 exceeds the kernel's 65535 grid rows"},
+        )
+    ]  # fmt: skip
+
+
+def test_an_input_too_large_for_the_kernel_is_served_by_torch():
+    def make():
+        x = torch.empty((1, 16, 2048, 1024, 1024), dtype=BF16, device="cuda")
+        return x, torch.empty((16, 16, 3, 3, 3), dtype=BF16, device="cuda"), None
+
+    out, functions, records = run_conv(make, padding=1)
+    assert tuple(out.shape) == (1, 16, 2048, 1024, 1024) and functions == []
+    assert records == [
+        dispatch.DispatchRecord(
+            config.OP, dispatch.BACKEND_TORCH, None, "heuristic", None,
+            {"reason": "N * D * H * W = 2147483648 is too large for the kernel's 32-bit indices"},
+        )
+    ]  # fmt: skip
+
+
+def test_fallback_variants_leave_out_what_the_kernel_cannot_serve():
+    # 16384 groups: 2 splits fit the 65535 grid rows, 4 and 8 do not.
+    g = geometry(8, c=16384, k=16384, groups=16384)
+    planned = config.ConvChoice("mfma", ConvTile(32, 32, 2, 2, 4), 1)
+    variants = config.equivalent_choices(planned, g, 80)
+    assert [(v.tile, v.split_k) for v in variants] == [(planned.tile, 2)]  # the heuristic's is 1

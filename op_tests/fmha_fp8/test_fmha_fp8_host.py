@@ -180,3 +180,68 @@ def test_a_split_call_launches_the_combine_kernel():
 def test_errors_name_the_argument(kwargs, error, message):
     with pytest.raises(error, match=message):
         attend(1, 64, 64, **kwargs)
+
+
+# --- no other backend: what the kernels cannot serve is an error before anything is reported ---
+
+
+def _attend_with(make):
+    """flash_attn_fp8 on the q, k, v `make` gives (descales [1]); the error, records, requests."""
+    with dry_run("gfx942", 304, bridge.MODE_NAME) as requests, dispatch.observe() as records:
+        descales = {
+            n: torch.empty((1,), dtype=torch.float32, device="cuda")
+            for n in ("q_descale", "k_descale", "v_descale")
+        }
+        q, k, v, kwargs = make()
+        with pytest.raises(ValueError) as info:
+            aiter.flash_attn_fp8(q, k, v, **descales, **kwargs)
+    return str(info.value), list(records), list(requests)
+
+
+def _empty(*shape):
+    return torch.empty(shape, dtype=FNUZ, device="cuda")
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        pytest.param(
+            lambda: (_empty(2, 128, 8, 128)[:, ::2], _empty(2, 64, 1, 128),
+                     _empty(2, 64, 1, 128), {}),
+            "q must be contiguous, got strides [131072, 2048, 128, 1]",
+            id="q-strided",
+        ),
+        pytest.param(
+            lambda: (_empty(1, 64, 8, 128), _empty(1, 64, 1, 128),
+                     _empty(1, 64, 2, 128)[:, :, :1], {}),
+            "v must be contiguous, got strides [16384, 256, 128, 1]",
+            id="v-head-slice",
+        ),
+        pytest.param(
+            lambda: (_empty(2**31, 1, 64), _empty(64, 1, 64), _empty(64, 1, 64), dict(
+                cu_seqlens_q=torch.empty((2,), dtype=torch.int32, device="cuda"),
+                cu_seqlens_kv=torch.empty((2,), dtype=torch.int32, device="cuda"),
+                max_seqlen_q=64, max_seqlen_kv=64)),
+            "q, k: 2147483648 token rows are too many for the kernels' 32-bit indices",
+            id="rows",
+        ),
+        pytest.param(
+            lambda: (_empty(1, 2**17, 128, 128), _empty(1, 64, 1, 128),
+                     _empty(1, 64, 1, 128), {}),
+            "q, v: the output's rows * Hq * Dv = 2147483648 elements are too many for the "
+            "kernels' 32-bit indices",
+            id="output",
+        ),
+        pytest.param(
+            lambda: (_empty(1, 64, 8, 128), _empty(1, 64, 1, 128), _empty(1, 64, 1, 128),
+                     {"num_kv_splits": 2**28}),
+            "num_kv_splits: 268435456 splits x 8 heads x 1 query blocks x 1 batches = "
+            "2147483648 work-groups, too many for the kernels' 32-bit indices",
+            id="splits",
+        ),
+    ],
+)  # fmt: skip
+def test_what_the_kernels_cannot_serve_is_an_error_first(make, message):
+    error, records, requests = _attend_with(make)
+    assert error == message
+    assert records == [] and requests == []

@@ -344,6 +344,113 @@ def test_bias_is_passed_to_the_kernel(run) -> None:
     assert params(requests[0])["bias"] == "float32"
 
 
+# --- shapes no FlyDSL kernel serves go to torch ---
+
+INDEX_LIMIT = "the kernels' 32-bit index limit"
+
+
+@pytest.mark.parametrize(
+    "m, n, k, mma, reason",
+    [
+        (4, 96, 100, "mfma", "K % 32 != 0 (K=100)"),
+        (4, 96, 48, "wmma", "K % 32 != 0 (K=48)"),
+        (4, 96, 0, "mfma", "empty operands (N=96, K=0)"),
+        (4, 0, 64, "mfma", "empty operands (N=0, K=64)"),
+        # The launcher indexes out in 32 bits: M * N + 255 < 2**31.
+        (256, 8388608, 64, "mfma", f"M * N = {2**31} is above {2**31 - 256}, {INDEX_LIMIT}"),
+        (256, 8388607, 64, "mfma", None),
+        (1, 7, 32, "wmma", None),  # any N (N_MULTIPLE is 1)
+        (4, 96, 100, "xdl", "flydsl_a16w16 has no xdl kernels (only mfma, wmma)"),
+    ],
+)
+def test_what_the_kernels_cannot_serve(m, n, k, mma, reason) -> None:
+    assert gemm_plan.A16W16.cannot_serve(m, n, k, mma) == reason
+
+
+def test_k_off_the_kernels_grid_is_served_by_torch(run) -> None:
+    # gemm_a16w16 used to raise ValueError here although torch serves any K.
+    out, records, requests = run(4, 96, 100)
+    assert (out.shape, out.dtype) == ((4, 96), BF16)
+    assert records == [
+        dispatch.DispatchRecord(
+            "gemm_a16w16", "torch", None, "heuristic", None, {"reason": "K % 32 != 0 (K=100)"}
+        )
+    ]
+    assert requests == []
+
+
+def test_torch_adds_the_bias_in_the_output_dtype(run) -> None:
+    out, (record,), requests = run(3, 80, 40, bias_dtype=torch.float32, out_dtype=torch.float32)
+    assert (out.shape, out.dtype) == ((3, 80), torch.float32)
+    assert (record.backend, record.params, requests) == (
+        "torch",
+        {"reason": "K % 32 != 0 (K=40)"},
+        [],
+    )
+
+
+def test_output_too_large_for_the_kernels_is_served_by_torch(run) -> None:
+    _, (record,), requests = run(256, 8388608, 64)
+    assert (record.backend, record.source, requests) == ("torch", "heuristic", [])
+    assert record.params["reason"].startswith("M * N = 2147483648 is above")
+    _, (record,), requests = run(256, 8388607, 64)  # the largest output the kernels take
+    assert record.backend == "flydsl" and requests
+
+
+def test_a_tuned_flydsl_row_the_kernels_cannot_serve_falls_to_torch(tmp_path, monkeypatch, run):
+    path = _extra_table(
+        tmp_path,
+        monkeypatch,
+        "gfx942,304,64,4096,100,0,torch.bfloat16,torch.bfloat16,"
+        "flydsl,2,,flydsl_a16w16_mfma_32x128x32",
+    )
+    out, records, requests = run(50, 4096, 100)
+    assert out.shape == (50, 4096)
+    assert records == [
+        dispatch.DispatchRecord(
+            "gemm_a16w16", "torch", None, "table", f"{path}:2", {"reason": "K % 32 != 0 (K=100)"}
+        )
+    ]
+    assert requests == []
+
+
+def test_a_bad_kernel_name_is_still_a_table_error(tmp_path, monkeypatch, run):
+    from aiter.tuning import TableError
+
+    path = _extra_table(
+        tmp_path,
+        monkeypatch,
+        "gfx942,304,64,4096,100,0,torch.bfloat16,torch.bfloat16,flydsl,0,,flydsl_a16w16_mfma_48x64x32",
+    )
+    with pytest.raises(TableError, match=f"^{path}:2: column 'kernelName': .*tile not supported"):
+        run(50, 4096, 100)
+
+
+def test_the_replay_reports_a_row_torch_serves_unreached(tmp_path, monkeypatch):
+    """What `--list` prints for the row: UNREACHED, served by torch, no kernel (not FAIL)."""
+    from aiter.aot.flydsl import gemm as gemm_module
+    from aiter.aot.flydsl.naming import name_job
+    from aiter.aot.flydsl.protocol import Tag
+
+    path = _extra_table(
+        tmp_path,
+        monkeypatch,
+        "gfx942,304,16,4096,100,0,torch.bfloat16,torch.bfloat16,"
+        "flydsl,0,,flydsl_a16w16_mfma_16x64x32",
+    )
+    jobs = [
+        j
+        for j in gemm_module.FAMILY.jobs("gfx942", frozenset({304}), {"M": 64})
+        if j.info.row == f"{path}:2"
+    ]
+    assert [(j.info.lo, j.info.hi) for j in jobs] == [(1, 64)]
+    result = name_job(jobs[0], None)
+    assert (result.tag, result.message) == (Tag.UNREACHED, "served by torch")
+    assert [(s.lo, s.hi, s.kernels, s.backends) for s in result.segments] == [
+        (1, 64, [], ["torch"])
+    ]
+
+
 # --- validation ---
 
 
@@ -469,13 +576,6 @@ CASES = [
         TypeError,
         "bias must be a torch.Tensor or None, got str",
         id="bias-not-tensor",
-    ),
-    pytest.param(
-        lambda: (_fake(4, 48), _fake(96, 48)),
-        {},
-        ValueError,
-        "gemm_a16w16 FlyDSL kernels need N % 1 == 0 and K % 32 == 0, got N=96, K=48",
-        id="K-not-multiple",
     ),
 ]
 

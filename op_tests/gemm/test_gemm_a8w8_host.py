@@ -29,6 +29,7 @@ BF16, FP16, FP32 = torch.bfloat16, torch.float16, torch.float32
 BP, BS = "flydsl_a8w8_bpreshuffle", "flydsl_a8w8_blockscale"
 BP_HEADER = ",".join(A8W8_BPRESHUFFLE.header)
 BS_HEADER = ",".join(A8W8_BLOCKSCALE.header)
+GFX1250_REASON = "flydsl_a8w8_blockscale has no wmma kernels (only mfma)"
 ALL_BP_TILES = (
     "16x64x64, 16x64x128, 16x128x64, 16x128x128, 32x64x64, 32x64x128, 32x128x64, 32x128x128, "
     "64x64x64, 64x64x128, 64x128x64, 64x128x128, 128x64x64, 128x64x128, 128x128x64, 128x128x128"
@@ -471,7 +472,67 @@ def test_torch_rows_end_at_their_top_bucket(run) -> None:
     )
 
 
-# --- validation ---
+# --- shapes no FlyDSL kernel serves go to torch ---
+
+
+@pytest.mark.parametrize(
+    "family, n, k, mma, reason",
+    [
+        (config.BPRESHUFFLE, 64, 96, "mfma", "K % 64 != 0 (K=96)"),
+        (config.BPRESHUFFLE, 64, 80, "wmma", "K % 64 != 0 (K=80)"),
+        (config.BPRESHUFFLE, 72, 128, "mfma", "N % 16 != 0 (N=72)"),
+        (config.BPRESHUFFLE, 64, 128, "wmma", None),
+        (config.BLOCKSCALE, 128, 128, "mfma", None),
+        (config.BLOCKSCALE, 128, 128, "wmma", GFX1250_REASON),
+        (config.BLOCKSCALE, 128, 192, "mfma", "K % 128 != 0 (K=192)"),
+    ],
+)
+def test_what_the_kernels_cannot_serve(family, n, k, mma, reason) -> None:
+    assert family.cannot_serve(4, n, k, mma) == reason
+    assert family.cannot_serve(2**20, n, k, mma) == reason  # no M * N limit
+
+
+def test_bpreshuffle_k_off_the_kernels_grid_is_served_by_torch(run) -> None:
+    # A 16x16-preshuffled weight with K = 96: torch unshuffles it; the kernels need K % 64.
+    out, records, requests, launches = bpreshuffle(run, 4, 64, 96, out_dtype=FP16)
+    assert (out.shape, out.dtype) == ((4, 64), FP16)
+    assert records == [
+        dispatch.DispatchRecord(
+            "gemm_a8w8_bpreshuffle",
+            "torch",
+            None,
+            "heuristic",
+            None,
+            {"reason": "K % 64 != 0 (K=96)"},
+        )
+    ]
+    assert (requests, launches) == ([], [])
+
+
+def test_a_tuned_bpreshuffle_row_the_kernels_cannot_serve_falls_to_torch(
+    tmp_path, monkeypatch, run
+) -> None:
+    path = _extra_table(
+        tmp_path,
+        monkeypatch,
+        A8W8_BPRESHUFFLE,
+        f"gfx942,304,32,1024,1056,torch.int8,flydsl,0,1,,{BP}_mfma_32x64x64",
+    )
+    _, records, requests, launches = bpreshuffle(run, 20, 1024, 1056, q=I8)
+    assert records == [
+        dispatch.DispatchRecord(
+            "gemm_a8w8_bpreshuffle",
+            "torch",
+            None,
+            "table",
+            f"{path}:2",
+            {"reason": "K % 64 != 0 (K=1056)"},
+        )
+    ]
+    assert (requests, launches) == ([], [])
+
+
+# --- validation (what no backend serves is an error before anything runs) ---
 
 
 def _bp_valid(m=4, n=64, k=128, q=FNUZ):
@@ -615,11 +676,12 @@ BP_CASES = [
         id="N-not-multiple-of-16",
     ),
     pytest.param(
-        lambda: _bp_valid(n=64, k=96),
+        lambda: _bp_valid(n=64, k=72),
         {},
         ValueError,
-        "gemm_a8w8_bpreshuffle FlyDSL kernels need N % 16 == 0 and K % 64 == 0, got N=64, K=96",
-        id="K-not-multiple-of-64",
+        "WQ is preshuffled in 16x16 blocks: N % 16 == 0 and K % 16 == 0 are needed, "
+        "got N=64, K=72",
+        id="K-not-multiple-of-16",
     ),
 ]
 
@@ -800,28 +862,33 @@ def _plan_blockscale(m, n, k):
     )
 
 
-def test_blockscale_on_gfx1250_is_not_implemented() -> None:
-    # No gfx1250 row in the default blockscale table: untuned, and no wmma kernel to serve it.
-    with device.simulate("gfx1250", 256), pytest.raises(NotImplementedError) as info:
-        _plan_blockscale(5, 7168, 2048)
-    assert str(info.value) == (
-        "gemm_a8w8_blockscale has no FlyDSL kernel for gfx1250: flydsl_a8w8_blockscale kernels "
-        "exist for mfma archs, gfx1250 uses wmma"
-    )
+def test_blockscale_on_gfx1250_is_served_by_torch() -> None:
+    # No gfx1250 row in the default blockscale table, and no wmma kernel: torch serves it.
+    with device.simulate("gfx1250", 256), dispatch.observe() as records:
+        served = _plan_blockscale(5, 7168, 2048)
+        served.report()
+    assert served.use_torch and served.reason == GFX1250_REASON
+    assert records == [
+        dispatch.DispatchRecord(
+            "gemm_a8w8_blockscale", "torch", None, "heuristic", None, {"reason": GFX1250_REASON}
+        )
+    ]
 
 
-def test_gfx1250_flydsl_blockscale_row_is_not_implemented(tmp_path, monkeypatch) -> None:
-    _extra_table(
+def test_gfx1250_flydsl_blockscale_row_is_served_by_torch(tmp_path, monkeypatch) -> None:
+    path = _extra_table(
         tmp_path,
         monkeypatch,
         A8W8_BLOCKSCALE,
         f"gfx1250,256,8,7168,2048,flydsl,0,0,,{BS}_mfma_16x64x128",
     )
-    with (
-        device.simulate("gfx1250", 256),
-        pytest.raises(NotImplementedError, match="gfx1250 uses wmma"),
-    ):
-        _plan_blockscale(5, 7168, 2048)
+    with device.simulate("gfx1250", 256), dispatch.observe() as records:
+        _plan_blockscale(5, 7168, 2048).report()
+    assert records == [
+        dispatch.DispatchRecord(
+            "gemm_a8w8_blockscale", "torch", None, "table", f"{path}:2", {"reason": GFX1250_REASON}
+        )
+    ]
 
 
 def test_gfx1250_torch_row_is_still_served_by_torch(tmp_path, monkeypatch) -> None:
@@ -830,13 +897,15 @@ def test_gfx1250_torch_row_is_still_served_by_torch(tmp_path, monkeypatch) -> No
     )
     with device.simulate("gfx1250", 256), dispatch.observe() as records:
         served = _plan_blockscale(5, 7168, 2048)
-        assert served.use_torch and served.choice is None
+        assert served.use_torch and served.choice is None and served.reason is None
         assert (served.row.source, served.row.line) == (str(path), 2)
         served.report()
-        with pytest.raises(NotImplementedError):  # above the torch row's top bucket
-            _plan_blockscale(17, 7168, 2048)
+        _plan_blockscale(17, 7168, 2048).report()  # above the torch row's top bucket
     assert records == [
-        dispatch.DispatchRecord("gemm_a8w8_blockscale", "torch", None, "table", f"{path}:2")
+        dispatch.DispatchRecord("gemm_a8w8_blockscale", "torch", None, "table", f"{path}:2"),
+        dispatch.DispatchRecord(
+            "gemm_a8w8_blockscale", "torch", None, "heuristic", None, {"reason": GFX1250_REASON}
+        ),
     ]
 
 

@@ -1,5 +1,6 @@
-"""The GEMM replay across families: fp8 flavour per arch, gfx1250 declines, split-K buffers
-and runtime rules followed with no AOT edit, and --csv TABLE=PATH.
+"""The GEMM replay across families: fp8 flavour per arch, rows no FlyDSL kernel can serve
+(gfx1250 blockscale, K off the kernels' grid) reported UNREACHED, split-K buffers and runtime
+rules followed with no AOT edit, and --csv TABLE=PATH.
 
 Each test runs `python -m aiter.aot.flydsl.gemm` as a user would, over small tables in an
 AITER_CONFIG_DIR, and reads the results from its `--report` JSON.
@@ -36,20 +37,21 @@ BPRE_ROWS = [
     f"gfx950,256,64,7168,8192,{FN},flydsl,0,1,,flydsl_a8w8_bpreshuffle_mfma_64x128x128",
     f"gfx1250,256,16,1280,8192,{FN},flydsl,0,1,,flydsl_a8w8_bpreshuffle_wmma_16x64x128",
 ]
+# K = 100 is no multiple of 32: torch serves the row though it names a FlyDSL kernel.
+BF16_ROWS = [
+    "gfx942,304,16,4096,100,0,torch.bfloat16,torch.bfloat16,flydsl,0,,flydsl_a16w16_mfma_16x64x32",
+]
 BLOCK_ROWS = [
     "gfx942,304,128,1536,7168,flydsl,0,0,,flydsl_a8w8_blockscale_mfma_128x64x128",
     "gfx950,256,16,7168,2048,flydsl,0,1,,flydsl_a8w8_blockscale_mfma_16x64x128",
     "gfx1250,256,64,1536,7168,flydsl,0,0,,",
 ]
 OUT_VARIANTS = ["out_dtype=bfloat16", "out_dtype=float16"]
-BLOCKSCALE_DECLINES = (
-    "runtime declines: gemm_a8w8_blockscale has no FlyDSL kernel for gfx1250: "
-    "flydsl_a8w8_blockscale kernels exist for mfma archs, gfx1250 uses wmma"
-)
+UNREACHED = "served by torch"
 
 
-def write_tables(directory: Path, bpre=BPRE_ROWS, block=BLOCK_ROWS) -> None:
-    (directory / A16W16.name).write_text(BF16_HEADER + "\n")
+def write_tables(directory: Path, bpre=BPRE_ROWS, block=BLOCK_ROWS, bf16=BF16_ROWS) -> None:
+    (directory / A16W16.name).write_text("\n".join([BF16_HEADER, *bf16]) + "\n")
     (directory / A8W8_BPRESHUFFLE.name).write_text("\n".join([BPRE_HEADER, *bpre]) + "\n")
     (directory / A8W8_BLOCKSCALE.name).write_text("\n".join([BLOCK_HEADER, *block]) + "\n")
 
@@ -110,15 +112,16 @@ def test_list_replays_every_row_up_to_the_maximum(listing):
     assert set(reports) == set(ARCHS)
     counts = {arch: [r.tag for r in report.results] for arch, report in reports.items()}
     assert counts == {
-        "gfx942": ["OK"] * 8,  # 3 bpreshuffle and 1 blockscale rows, two output dtypes each
+        # the K = 100 bf16 row; 3 bpreshuffle and 1 blockscale rows, two output dtypes each
+        "gfx942": ["UNREACHED"] + ["OK"] * 8,
         "gfx950": ["OK"] * 4,
-        "gfx1250": ["OK", "OK", "SKIP", "SKIP"],
+        "gfx1250": ["OK", "OK", "UNREACHED", "UNREACHED"],
     }
     # Each row is the only one of its shape: it serves M 1 up to the deployment's maximum.
     assert all((r.job.lo, r.job.hi) == (1, MAX_M) for a in reports.values() for r in a.results)
     for report in reports.values():
         for result in report.results:
-            if result.tag == "OK":
+            if result.tag in ("OK", "UNREACHED"):
                 assert result.segments[0].lo == 1 and result.segments[-1].hi == MAX_M
                 pairs = zip(result.segments, result.segments[1:], strict=False)
                 assert all(a.hi + 1 == b.lo for a, b in pairs), result.segments
@@ -152,7 +155,8 @@ def test_open_output_dtype_is_replayed_once_per_dtype(listing):
     for result in jobs:
         out = result.job.variant.removeprefix("out_dtype=")
         assert all(f" out={out} " in k.params for k in result.kernels()), result.job.variant
-    assert all(r.job.variant in OUT_VARIANTS for a in reports.values() for r in a.results)
+    a8w8 = [r for a in reports.values() for r in a.results if r.job.table != A16W16.name]
+    assert all(r.job.variant in OUT_VARIANTS for r in a8w8)  # bf16 rows have no open choice
 
 
 def test_torch_row_is_served_by_flydsl_above_it(listing):
@@ -164,17 +168,22 @@ def test_torch_row_is_served_by_flydsl_above_it(listing):
         assert result.tag == "OK"
 
 
-def test_gfx1250_blockscale_is_skipped_with_the_reason(listing):
+def test_rows_no_flydsl_kernel_can_serve_are_unreached(listing):
+    """gfx1250 has no blockscale kernel and no a16w16 kernel takes K = 100: torch serves every M
+    of those rows, so they are UNREACHED (not SKIP, not FAIL) and name no kernel."""
     proc, reports = listing
-    skipped = [r for r in reports["gfx1250"].results if r.tag == "SKIP"]
-    assert [r.job.row.rsplit("/", 1)[1] for r in skipped] == [f"{A8W8_BLOCKSCALE.name}:4"] * 2
-    assert [r.job.variant for r in skipped] == OUT_VARIANTS
-    assert all(r.message == BLOCKSCALE_DECLINES and not r.segments for r in skipped)
-    lines = lines_starting(proc.stdout, "SKIP")
-    assert len(lines) == 2 and all(BLOCKSCALE_DECLINES in x for x in lines), proc.stdout
-    assert not [
-        r for a in reports.values() for r in a.results if r.tag == "SKIP" and r not in skipped
+    unreached = [r for a in reports.values() for r in a.results if r.tag == "UNREACHED"]
+    assert [(r.job.arch, r.job.row.rsplit("/", 1)[1], r.job.variant) for r in unreached] == [
+        ("gfx942", f"{A16W16.name}:2", ""),
+        *(("gfx1250", f"{A8W8_BLOCKSCALE.name}:4", v) for v in OUT_VARIANTS),
     ]
+    for result in unreached:
+        assert result.message == UNREACHED and not result.kernels()
+        assert [(s.lo, s.hi, s.backends) for s in result.segments] == [(1, MAX_M, ["torch"])]
+    lines = lines_starting(proc.stdout, "UNREACHED")
+    assert len(lines) == 3 and all(x.endswith(UNREACHED) for x in lines), proc.stdout
+    assert f"          M 1-{MAX_M}: (no FlyDSL kernel: served by torch)" in proc.stdout
+    assert not [r for a in reports.values() for r in a.results if r.tag in ("SKIP", "FAIL")]
 
 
 def test_split_k_switch_inside_a_bucket_is_found_exactly(listing):
@@ -191,11 +200,10 @@ def test_split_k_switch_inside_a_bucket_is_found_exactly(listing):
 
 def test_list_prints_every_job_with_its_segments(listing):
     proc, reports = listing
-    jobs = [x for x in proc.stdout.splitlines() if x.split()[:1] in (["OK"], ["SKIP"])]
+    jobs = [x for x in proc.stdout.splitlines() if x.split()[:1] in (["OK"], ["UNREACHED"])]
     assert len(jobs) == sum(len(r.results) for r in reports.values())
     segments = [x for x in proc.stdout.splitlines() if x.startswith("          M ")]
-    ok = [r for a in reports.values() for r in a.results if r.tag == "OK"]
-    assert len(segments) == sum(len(r.segments) for r in ok)
+    assert len(segments) == sum(len(r.segments) for a in reports.values() for r in a.results)
     assert "          M 1-128: gemm_a8w8_bpreshuffle[" in proc.stdout
     assert "          M 1-8: (no FlyDSL kernel: served by torch)" in proc.stdout
 
@@ -230,7 +238,7 @@ def test_build_summary_counts_each_arch(built):
         kernels = len(reports[arch].kernels())
         assert (row["module"], row["jobs"], row["FAIL"]) == ("gemm", len(reports[arch].results), 0)
         assert row["kernels"] == row["compiled"] == kernels and row["missing"] == 0
-    assert rows["gfx1250"]["SKIP"] == 2
+    assert (rows["gfx942"]["UNREACHED"], rows["gfx1250"]["UNREACHED"]) == (1, 2)
     printed = {line.split()[0]: line.split() for line in proc.stdout.splitlines() if line.strip()}
     assert all(printed[arch][1] == "gemm" for arch in ARCHS), proc.stdout
 
@@ -258,7 +266,7 @@ def test_check_passes_and_a_rebuild_is_up_to_date(built, env, tmp_path):
     proc, reports = replay(env, tmp_path / "check.json", "--check", "--cache-dir", str(cache))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert all(
-        not r.missing and r.tag in ("OK", "SKIP") for a in reports.values() for r in a.results
+        not r.missing and r.tag in ("OK", "UNREACHED") for a in reports.values() for r in a.results
     )
     assert not lines_starting(proc.stdout, "MISSING")
     again = run_aot(MODULE, "--cache-dir", str(cache), "-j", "2", env=env)
@@ -281,7 +289,7 @@ def test_check_of_an_empty_cache_names_every_kernel(listing, env, tmp_path):
             entry(k) for k in named[arch].kernels().values()
         }
         failed = [r for r in reports[arch].results if r.tag == "FAIL"]
-        assert failed == [r for r in reports[arch].results if r.tag != "SKIP"]
+        assert failed == [r for r in reports[arch].results if r.tag != "UNREACHED"]
         for result in failed:
             assert result.message.startswith(f"{len(result.missing)} kernel(s) missing from the")
     every = [k for kernels in missing.values() for k in kernels]
@@ -355,7 +363,7 @@ def test_a_new_split_k_rule_in_the_runtime_is_followed(listing, env, tmp_path):
 def empty_env(tmp_path_factory):
     """Empty default tables: only what --csv adds has rows."""
     directory = tmp_path_factory.mktemp("empty-tables")
-    write_tables(directory, bpre=[], block=[])
+    write_tables(directory, bpre=[], block=[], bf16=[])
     return {"AITER_CONFIG_DIR": str(directory)}
 
 

@@ -1,5 +1,6 @@
 """Which kernel serves one conv3d call: the exact tuned row, else a row of the same layer whose
-output positions are within 4x (its tile is borrowed), else the heuristic; reports the choice.
+output positions are within 4x (its tile is borrowed), else the heuristic; torch where the row
+says so or the chosen kernel cannot serve the call (`cannot_serve`); reports the choice.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ DEFAULT_WAVES = (2, 2)
 # (M tiles at or above which, wgm), largest first: group M tiles so neighbours share weights.
 WGM_LADDER = ((64, 8), (16, 4), (4, 2), (0, 1))
 EXACT, BORROWED, HEURISTIC = "exact", "borrowed", "heuristic"
+INDEX_LIMIT = 2**31  # launch_conv3d indexes in 32 bits
+MAX_GRID_ROWS = 65535  # launch_conv3d: groups * split_k work-group rows (the grid's y)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -129,8 +132,12 @@ class ConvChoice:
 class ConvPlan:
     row: Row | None
     match: str  # EXACT, BORROWED or HEURISTIC
-    choice: ConvChoice | None  # None: the row says torch
+    choice: ConvChoice | None  # None: torch serves
     planned: ConvChoice | None = None  # set when a fallback replaced this choice
+    # Why the kernel the row or the heuristic chose cannot serve the call (`cannot_serve`);
+    # None when FlyDSL serves or the row says torch.
+    reason: str | None = None
+    frames: int = 0  # the call's D, on the axis a build replays
 
     @property
     def use_torch(self) -> bool:
@@ -153,6 +160,7 @@ class ConvPlan:
                 None,
                 source,
                 row,
+                {"reason": self.reason} if self.reason else {},
                 args=described,
                 table=CONV3D.short_name,
             )
@@ -165,6 +173,7 @@ class ConvPlan:
             {"match": self.match, "split_k": self.choice.split_k, **self._fallback(), **params},
             args=described,
             table=CONV3D.short_name,
+            axis={CONV3D.axis.name: self.frames} if self.frames else {},
         )
 
     def _fallback(self) -> dict[str, str]:
@@ -189,9 +198,46 @@ def equivalent_choices(choice: ConvChoice, geometry: Any, cu_num: int) -> list[C
     variants.append(ConvChoice(choice.mma, tile, heuristic_split_k(geometry, tile, cu_num)))
     unique: list[ConvChoice] = []
     for variant in variants:
-        if variant != choice and variant not in unique:
+        fits = cannot_serve(geometry, variant.mma, variant) is None
+        if fits and variant != choice and variant not in unique:
             unique.append(variant)
     return unique
+
+
+def cannot_serve(geometry: Any, mma: str, choice: ConvChoice | None = None) -> str | None:
+    """Why the implicit-GEMM kernel cannot serve the call on an arch of `mma` kernels (with
+    `choice`'s tile and split-K, when given), None when it can: launch_conv3d's limits, so a
+    kernel that would refuse the call is never chosen and torch serves it instead."""
+    from aiter.ops.conv3d.kernels.implicit_gemm import SUPPORTED_TILES
+    from aiter.ops.conv3d.kernels.implicit_gemm_index import ELEMENTWISE_BLOCK, tile_counts
+
+    g = geometry
+    if mma not in SUPPORTED_TILES:
+        return f"no {mma} conv3d kernels (only {', '.join(SUPPORTED_TILES)})"
+    volume = g.n * g.d * g.h * g.w
+    if volume >= INDEX_LIMIT:
+        return f"N * D * H * W = {volume} is too large for the kernel's 32-bit indices"
+    if g.positions >= INDEX_LIMIT:
+        return f"M = {g.positions} output positions are too many for the kernel's 32-bit indices"
+    if g.groups > MAX_GRID_ROWS:
+        return f"groups = {g.groups} exceeds the kernel's {MAX_GRID_ROWS} grid rows"
+    if choice is None:
+        return None
+    tile, split_k = choice.tile, choice.split_k
+    m_tiles, n_tiles = tile_counts(g.positions, g.kg, tile.tile_m, tile.tile_n)
+    if m_tiles * n_tiles >= INDEX_LIMIT:
+        return f"{m_tiles} x {n_tiles} tiles of {choice.name} are too many for 32-bit indices"
+    if g.groups * split_k > MAX_GRID_ROWS:
+        return (
+            f"groups * split_k = {g.groups * split_k} exceeds the kernel's {MAX_GRID_ROWS} "
+            "grid rows"
+        )
+    if split_k > 1 and g.positions * g.k + ELEMENTWISE_BLOCK > INDEX_LIMIT:
+        return (
+            f"M * K = {g.positions * g.k} is too large for the split-K epilogue's 32-bit "
+            f"indices (split_k={split_k})"
+        )
+    return None
 
 
 def _ladder(value: int, ladder: tuple[tuple[int, int], ...]) -> int:
@@ -273,19 +319,25 @@ def row_tile(row: Row, mma: str) -> Any | None:
 
 
 def plan(geometry: Any, has_bias: bool) -> ConvPlan:
-    """What serves the call on the current device; nothing is reported yet."""
+    """What serves the call on the current device; nothing is reported yet. torch serves where
+    the row says so, and where the kernel the row or the heuristic chose cannot serve the call
+    (`cannot_serve`: the plan's reason says why); a bad row is still a TableError."""
     from aiter.ops.conv3d.kernels.implicit_gemm import SUPPORTED_TILES
 
     arch, cu_num = device.arch(), device.cu_num()
     row, match = find_row(geometry, has_bias, arch, cu_num)
     if row is not None and row["libtype"] == conv3d_table.LIBTYPE_TORCH:
-        return ConvPlan(row, match, None)
+        return ConvPlan(row, match, None, frames=geometry.d)
     mma = device.arch_info().mma
-    if mma not in SUPPORTED_TILES:
-        raise NotImplementedError(f"{OP} has no FlyDSL kernel for {arch} ({mma})")
-    tile = row_tile(row, mma) if row is not None else None
-    tile = tile or heuristic_tile(geometry, mma)
-    split_k = row.int("splitK") if row is not None and match == EXACT else 0
-    if split_k <= 0:
-        split_k = heuristic_split_k(geometry, tile, cu_num)
-    return ConvPlan(row, match, ConvChoice(mma, tile, split_k))
+    choice = None
+    if mma in SUPPORTED_TILES:  # else no names to check a row's against: cannot_serve says why
+        tile = row_tile(row, mma) if row is not None else None
+        tile = tile or heuristic_tile(geometry, mma)
+        split_k = row.int("splitK") if row is not None and match == EXACT else 0
+        if split_k <= 0:
+            split_k = heuristic_split_k(geometry, tile, cu_num)
+        choice = ConvChoice(mma, tile, split_k)
+    reason = cannot_serve(geometry, mma, choice)
+    if reason is not None:
+        return ConvPlan(row, match, None, reason=reason, frames=geometry.d)
+    return ConvPlan(row, match, choice, frames=geometry.d)

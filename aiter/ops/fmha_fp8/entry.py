@@ -1,5 +1,8 @@
 """Public fp8 flash-attention forward entry (prefill): dense [B, S, H, D] or variable-length
 [total, H, D] inputs, grouped-query heads, causal or not; validate, plan, allocate, launch.
+
+FlyDSL is its only backend, so a call the kernels cannot serve (layout, sizes past their 32-bit
+indices) is an error raised here, naming the argument, before anything is reported or allocated.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import torch
 
 from aiter import device, dispatch, jit_monitor
 from aiter.ops.fmha_fp8 import plan as fmha_plan
+from aiter.ops.fmha_fp8.kernels.flash_attn_index import COMBINE_BLOCK, grid_size, num_q_blocks
 
 __all__ = ["flash_attn_fp8"]
 
@@ -27,6 +31,12 @@ def _tensor(name: str, t: object) -> torch.Tensor:
     if not t.is_cuda:
         raise ValueError(f"{name} must be on a GPU device, got {t.device}")
     return t
+
+
+def _contiguous(name: str, t: torch.Tensor) -> None:
+    # The kernels address [rows, heads, dim] with dim innermost (the launcher's contract).
+    if not t.is_contiguous():
+        raise ValueError(f"{name} must be contiguous, got strides {list(t.stride())}")
 
 
 def _head_dim(name: str, value: int) -> None:
@@ -138,6 +148,23 @@ def flash_attn_fp8(
         rows = batch * sq
         out_shape, lse_shape = (batch, sq, hq, dv), (batch, hq, sq)
 
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        _contiguous(name, t)
+    if varlen:
+        _contiguous("cu_seqlens_q", cu_seqlens_q)
+        _contiguous("cu_seqlens_kv", cu_seqlens_kv)
+    limit = kernels.INDEX_LIMIT
+    k_rows = int(k.shape[0]) if varlen else batch * sk
+    if max(rows, k_rows) >= limit:
+        raise ValueError(
+            f"q, k: {max(rows, k_rows)} token rows are too many for the kernels' 32-bit indices"
+        )
+    if rows * hq * dv + COMBINE_BLOCK >= limit:
+        raise ValueError(
+            f"q, v: the output's rows * Hq * Dv = {rows * hq * dv} elements are too many for "
+            "the kernels' 32-bit indices"
+        )
+
     mma = device.arch_info().mma
     if mma not in kernels.MMA_FLAVOURS:
         raise NotImplementedError(
@@ -151,6 +178,15 @@ def flash_attn_fp8(
         head_dim=d, head_dim_v=dv, causal=bool(causal), cu_num=device.cu_num(),
         num_kv_splits=num_kv_splits,
     )  # fmt: skip
+    q_blocks = num_q_blocks(sq, choice.block_m)
+    groups = grid_size(batch, hq, q_blocks, choice.num_kv_splits)
+    if groups >= limit:
+        raise ValueError(
+            f"num_kv_splits: {choice.num_kv_splits} splits x {hq} heads x {q_blocks} query "
+            f"blocks x {batch} batches = {groups} work-groups, too many for the kernels' 32-bit "
+            "indices"
+        )
+
     def described() -> dict[str, str]:
         shown = {n: dispatch.tensor_arg(t) for n, t in (("q", q), ("k", k), ("v", v))}
         if varlen:
@@ -206,6 +242,8 @@ def flash_attn_fp8(
                      max_batch=batch, max_seqlen=max(sq, sk))  # fmt: skip
         return {name: str(value) for name, value in cells.items()}
 
-    choice.report(described, covering_row, **params)
+    # The grid axes a build replays (aiter.aot.flydsl.fmha_fp8), for a miss message.
+    axis = {"batch": batch, "seqlen_q": sq, "seqlen_k": sk}
+    choice.report(described, covering_row, axis, **params)
     out, lse = launch(choice)
     return (out, lse) if return_lse else out

@@ -122,6 +122,7 @@ class AttnChoice:
         self,
         args: Callable[[], dict[str, str]],
         table_row: Callable[[], dict[str, str]] | None = None,
+        axis: dict[str, int] | None = None,
         **params: object,
     ) -> None:
         """Tell aiter.dispatch how the call is served; `args` describes the call's arguments and
@@ -144,6 +145,7 @@ class AttnChoice:
                 args=args(),
                 table=FMHA_FP8.short_name,
                 table_row=table_row() if table_row is not None else None,
+                axis=axis or {},
             )
         )
 

@@ -5,12 +5,30 @@ batch and sequence length to replay. No torch here.
 
 from __future__ import annotations
 
-from aiter.tuning import BucketAxis, Column, TableSpec
+from collections.abc import Mapping
+
+from aiter.tuning import BucketAxis, Column, Row, TableSpec
+from aiter.tuning.kinds import PARSERS
 
 LAYOUTS = ("dense", "varlen")
 
 # The grid's largest sequence length comes from each row's max_seqlen; --max-seqlen caps it.
 SEQLEN_AXIS = BucketAxis(name="seqlen", column="max_seqlen", default_max=1 << 20)
+
+MAXIMA = ("max_batch", "max_seqlen")
+
+
+def covers(row: Row, cells: Mapping[str, str]) -> bool:
+    """Whether `row` covers a call whose own row would hold `cells`: the same heads, layout and
+    masking, and maxima at least the call's."""
+    kinds = {c.name: c.kind for c in FMHA_FP8.columns}
+    for column in FMHA_FP8.key:
+        parse = PARSERS[kinds[column]]
+        mine, theirs = parse(row.cells[column]), parse(cells[column].strip())
+        if (mine < theirs) if column in MAXIMA else (mine != theirs):
+            return False
+    return True
+
 
 FMHA_FP8 = TableSpec(
     name="fmha_fp8_shapes.csv",
@@ -37,4 +55,5 @@ FMHA_FP8 = TableSpec(
     axis=SEQLEN_AXIS,
     # The caller decides whether it wants the log-sum-exp; the replay calls both ways.
     open_choices={"return_lse": ("false", "true")},
+    covers=covers,
 )

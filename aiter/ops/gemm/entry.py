@@ -2,7 +2,8 @@
 
 `gemm_a16w16` serves bf16/fp16 GEMMs; `gemm_a8w8_bpreshuffle` fp8/int8 GEMMs scaled per token
 and channel with a preshuffled weight, `gemm_a8w8_blockscale` DeepSeek-V3-style 1x128 / 128x128
-block-scaled fp8 GEMMs. FlyDSL kernels serve them, or torch where a row says so.
+block-scaled fp8 GEMMs. FlyDSL kernels serve them, or torch where a row says so or where no
+FlyDSL kernel can serve the shape (the dispatch record's params then give the reason).
 """
 
 from __future__ import annotations
@@ -14,14 +15,12 @@ from aiter.ops.gemm import plan as gemm_plan
 from aiter.ops.gemm import table as gemm_table
 from aiter.ops.gemm.kernels.a8w8 import (
     BLOCKSCALE_BLOCK,
-    BPRESHUFFLE_K_MULTIPLE,
     BPRESHUFFLE_LAYOUT,
-    BPRESHUFFLE_N_MULTIPLE,
     launch_gemm_a8w8_blockscale,
     launch_gemm_a8w8_bpreshuffle,
     semaphore_size,
 )
-from aiter.ops.gemm.kernels.a16w16 import K_MULTIPLE, N_MULTIPLE, launch_gemm_a16w16
+from aiter.ops.gemm.kernels.a16w16 import launch_gemm_a16w16
 from aiter.ops.gemm.plan import Plan, plan
 from aiter.ops.gemm.table import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16
 from aiter.ops.shared.preshuffle import shuffle_weight, unshuffle_weight
@@ -80,8 +79,8 @@ def gemm_a16w16(
 ) -> torch.Tensor:
     """out[M, N] = A[M, K] @ B[N, K]^T (+ bias[N]), bf16 or fp16 inputs, fp32 accumulation.
 
-    out_dtype (bf16, fp16 or fp32) defaults to A's dtype; bias has the output dtype.
-    N must be a multiple of N_MULTIPLE and K of K_MULTIPLE for FlyDSL kernels.
+    out_dtype (bf16, fp16 or fp32) defaults to A's dtype; bias has the output dtype. Any N and
+    K: a shape the FlyDSL kernels cannot serve (K not a multiple of 32, say) is served by torch.
     """
     out_dtype = _validate_a16w16(A, B, bias, out_dtype)
     m, k = A.shape
@@ -107,11 +106,6 @@ def gemm_a16w16(
         served.report(args)
         out = torch.matmul(A, B.mT).to(out_dtype)
         return out + bias if bias is not None else out
-    if n % N_MULTIPLE or k % K_MULTIPLE:
-        raise ValueError(
-            f"gemm_a16w16 FlyDSL kernels need N % {N_MULTIPLE} == 0 and K % {K_MULTIPLE} == 0, "
-            f"got N={n}, K={k}"
-        )
 
     def launch(choice: gemm_plan.KernelChoice) -> torch.Tensor:
         out = torch.empty((m, n), dtype=out_dtype, device=A.device)
@@ -251,14 +245,16 @@ def gemm_a8w8_bpreshuffle(
     """out[M, N] = (XQ @ WQ^T) * x_scale * w_scale, fp32 accumulation, bf16 or fp16 out.
 
     XQ[M, K] and WQ[N, K] are the device's fp8 flavour or int8; WQ is laid out by
-    `shuffle_weight`. x_scale is per token [M, 1], w_scale per channel [1, N], both fp32.
+    `shuffle_weight`, so N and K are multiples of its 16x16 blocks; K not a multiple of 64
+    (what the FlyDSL kernels need) is served by torch. x_scale is per token [M, 1], w_scale per
+    channel [1, N], both fp32.
     """
     m, n, k = _validate(XQ, WQ, out_dtype, allow_int8=True)
     x_shape, w_shape = bpreshuffle_scale_shapes(m, n)
     _check_tensor("x_scale", x_scale, (SCALE_DTYPE,), x_shape)
     _check_tensor("w_scale", w_scale, (SCALE_DTYPE,), w_shape)
     layout_n, layout_k = BPRESHUFFLE_LAYOUT
-    if n % layout_n or k % layout_k:
+    if n % layout_n or k % layout_k:  # every backend reads the layout: torch unshuffles it
         raise ValueError(
             f"WQ is preshuffled in {layout_n}x{layout_k} blocks: N % {layout_n} == 0 and "
             f"K % {layout_k} == 0 are needed, got N={n}, K={k}"
@@ -272,11 +268,6 @@ def gemm_a8w8_bpreshuffle(
         plain = unshuffle_weight(WQ, BPRESHUFFLE_LAYOUT)
         acc = torch.matmul(XQ.to(torch.float32), plain.to(torch.float32).mT)
         return (acc * x_scale * w_scale).to(out_dtype)
-    if n % BPRESHUFFLE_N_MULTIPLE or k % BPRESHUFFLE_K_MULTIPLE:
-        raise ValueError(
-            f"gemm_a8w8_bpreshuffle FlyDSL kernels need N % {BPRESHUFFLE_N_MULTIPLE} == 0 and "
-            f"K % {BPRESHUFFLE_K_MULTIPLE} == 0, got N={n}, K={k}"
-        )
     return _launch(launch_gemm_a8w8_bpreshuffle, served, XQ, WQ, x_scale, w_scale, out_dtype, args)
 
 
@@ -291,12 +282,12 @@ def gemm_a8w8_blockscale(
 
     XQ[M, K] and WQ[N, K] are the device's fp8 flavour; x_scale[M, K/128] scales 1x128
     activation blocks and w_scale[N/128, K/128] 128x128 weight blocks (DeepSeek-V3 style).
-    N and K must be multiples of 128. No FlyDSL kernel exists for gfx1250 yet: untuned or
-    FlyDSL rows raise NotImplementedError there.
+    N and K must be multiples of 128. No FlyDSL kernel exists for gfx1250 yet: torch serves
+    every call there.
     """
     m, n, k = _validate(XQ, WQ, out_dtype, allow_int8=False)
     block = BLOCKSCALE_BLOCK
-    if n % block or k % block:
+    if n % block or k % block:  # the scales' shapes need it, whatever serves the call
         raise ValueError(
             f"gemm_a8w8_blockscale needs N and K multiples of {block}, got N={n}, K={k}"
         )

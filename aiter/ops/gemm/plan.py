@@ -1,7 +1,8 @@
-"""What serves one GEMM call, for every GEMM family: how each family names its kernels and picks
-a tile and split-K for an untuned call (the heuristic), then the plan: the tuned row (exact M,
-then M's bucket), torch or a FlyDSL kernel chosen by the row or the heuristic. Reports to
-aiter.dispatch.
+"""What serves one GEMM call, for every GEMM family: how each family names its kernels, which
+shapes its kernels can serve, and how it picks a tile and split-K for an untuned call (the
+heuristic); then the plan: the tuned row (exact M, then M's bucket), torch or a FlyDSL kernel
+chosen by the row or the heuristic, torch when no kernel of the family can serve the call.
+Reports to aiter.dispatch.
 
 Under AITER_AOT_FALLBACK=1 (see aiter.jit_monitor) `Plan.launch` serves a call whose kernel the
 cache lacks with an equivalent kernel it holds (KernelFamily.equivalent_choices).
@@ -17,14 +18,25 @@ from typing import Any, TypeVar
 
 from aiter import device, dispatch, jit_monitor
 from aiter.ops.gemm import table as gemm_table
-from aiter.ops.gemm.kernels.a8w8 import BLOCKSCALE_TILES, BPRESHUFFLE_TILES
+from aiter.ops.gemm.kernels.a8w8 import (
+    BLOCKSCALE_BLOCK,
+    BLOCKSCALE_TILES,
+    BPRESHUFFLE_K_MULTIPLE,
+    BPRESHUFFLE_N_MULTIPLE,
+    BPRESHUFFLE_TILES,
+)
+from aiter.ops.gemm.kernels.a16w16 import K_MULTIPLE as A16W16_K_MULTIPLE
+from aiter.ops.gemm.kernels.a16w16 import N_MULTIPLE as A16W16_N_MULTIPLE
 from aiter.ops.gemm.kernels.a16w16 import SUPPORTED_TILES as A16W16_TILES
 from aiter.ops.gemm.table import LIBTYPE_FLYDSL, LIBTYPE_TORCH
+from aiter.ops.shared.gemm_index import REDUCE_BLOCK
 from aiter.tuning import Row, TableError, TableSpec
 
 MAX_SPLIT_K = 8
 MIN_K_TILES_PER_SPLIT = 4  # a split shorter than this costs more in reduction than it saves
 SPLIT_KS = tuple(1 << i for i in range(MAX_SPLIT_K.bit_length()))  # 1, 2, 4, 8: what fallbacks try
+# launch_gemm_a16w16 indexes out and its split-K workspace in 32 bits: M * N + 255 < 2**31.
+A16W16_MAX_MN = 2**31 - REDUCE_BLOCK
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -45,10 +57,34 @@ class KernelChoice:
 
 @dataclass(frozen=True)
 class KernelFamily:
-    """Kernel names `<prefix>_<mma>_<tile_m>x<tile_n>x<tile_k>` over the tiles each flavour has."""
+    """Kernel names `<prefix>_<mma>_<tile_m>x<tile_n>x<tile_k>` over the tiles each flavour has,
+    and the shapes the kernels serve (their launcher's contract)."""
 
     prefix: str
     tiles: Mapping[str, tuple[Any, ...]]  # MMA flavour -> supported tiles
+    n_multiple: int = 1
+    k_multiple: int = 1
+    max_mn: int | None = None  # the largest M * N the kernels index; None: no limit
+
+    def cannot_serve(self, m: int, n: int, k: int, mma: str) -> str | None:
+        """Why no kernel of the family can serve an [M, K] x [N, K] call on an arch of `mma`
+        kernels (e.g. "K % 32 != 0 (K=100)"), None when they can.
+
+        Every tile and split-K of a flavour serves every shape the family serves (the tail of
+        K is looped over, rows and columns past M and N are predicated off), so a tuned row's
+        tile never narrows this. The dtypes are the entry's contract, the same for every backend.
+        """
+        if mma not in self.tiles:
+            return f"{self.prefix} has no {mma} kernels (only {', '.join(self.tiles)})"
+        if n < 1 or k < 1:
+            return f"empty operands (N={n}, K={k})"
+        if k % self.k_multiple:
+            return f"K % {self.k_multiple} != 0 (K={k})"
+        if n % self.n_multiple:
+            return f"N % {self.n_multiple} != 0 (N={n})"
+        if self.max_mn is not None and m * n > self.max_mn:
+            return f"M * N = {m * n} is above {self.max_mn}, the kernels' 32-bit index limit"
+        return None
 
     def kernel_name(self, mma: str, tile: Any) -> str:
         return f"{self.prefix}_{mma}_{tile.tile_m}x{tile.tile_n}x{tile.tile_k}"
@@ -154,9 +190,23 @@ class KernelFamily:
         return unique
 
 
-A16W16 = KernelFamily(gemm_table.A16W16_KERNELS, A16W16_TILES)
-BPRESHUFFLE = KernelFamily(gemm_table.BPRESHUFFLE_KERNELS, BPRESHUFFLE_TILES)
-BLOCKSCALE = KernelFamily(gemm_table.BLOCKSCALE_KERNELS, BLOCKSCALE_TILES)
+A16W16 = KernelFamily(
+    gemm_table.A16W16_KERNELS,
+    A16W16_TILES,
+    A16W16_N_MULTIPLE,
+    A16W16_K_MULTIPLE,
+    A16W16_MAX_MN,
+)
+BPRESHUFFLE = KernelFamily(
+    gemm_table.BPRESHUFFLE_KERNELS,
+    BPRESHUFFLE_TILES,
+    BPRESHUFFLE_N_MULTIPLE,
+    BPRESHUFFLE_K_MULTIPLE,
+)
+# The kernels need N and K multiples of the scale block, as the scales' shapes do already.
+BLOCKSCALE = KernelFamily(
+    gemm_table.BLOCKSCALE_KERNELS, BLOCKSCALE_TILES, BLOCKSCALE_BLOCK, BLOCKSCALE_BLOCK
+)
 
 
 def _row_ref(row: Row | None) -> str | None:
@@ -191,10 +241,13 @@ class GemmCall:
 class Plan:
     op: str
     row: Row | None  # the tuned row that served the call, None for an untuned shape
-    choice: KernelChoice | None  # the FlyDSL kernel, None when the row says torch
+    choice: KernelChoice | None  # the FlyDSL kernel, None when torch serves
     table: str | None = None  # the short name of the table looked up
     call: GemmCall | None = None
     planned: KernelChoice | None = None  # set when a fallback replaced this choice
+    # Why no FlyDSL kernel serves the call although the row or the heuristic would have chosen
+    # one (KernelFamily.cannot_serve); None when FlyDSL serves or the row says torch.
+    reason: str | None = None
 
     @property
     def use_torch(self) -> bool:
@@ -240,6 +293,7 @@ class Plan:
                 None,
                 source,
                 _row_ref(self.row),
+                {"reason": self.reason} if self.reason else {},
                 args=described,
                 table=self.table,
             )
@@ -255,6 +309,7 @@ class Plan:
             params,
             args=described,
             table=self.table,
+            axis={gemm_table.M_AXIS.name: self.call.m} if self.call is not None else {},
         )
 
 
@@ -273,8 +328,10 @@ def plan(
 ) -> Plan:
     """Look the call up in `spec`'s table and decide what serves it; nothing is reported yet.
 
-    Raises NotImplementedError when FlyDSL would serve the call but `family` has no kernel for
-    the device's MMA flavour.
+    torch serves when the row says so, and when the row or the heuristic would choose FlyDSL but
+    no kernel of `family` can serve the call (`family.cannot_serve`: the arch's MMA flavour has
+    no kernels, or N, K or M * N break the kernels' limits); the Plan's reason then says why.
+    A row with a bad libtype or kernelName is still a TableError naming its file and line.
     """
     arch, cu_num = device.arch(), device.cu_num()
     lookup = {"gfx": arch, "cu_num": cu_num, **key}
@@ -289,16 +346,14 @@ def plan(
             f"expected {LIBTYPE_FLYDSL!r} or {LIBTYPE_TORCH!r}, found {row['libtype']!r}",
         )
     mma = device.arch_info().mma
-    if mma not in family.tiles:
-        raise NotImplementedError(
-            f"{op} has no FlyDSL kernel for {arch}: {family.prefix} kernels exist for "
-            f"{', '.join(family.tiles)} archs, {arch} uses {mma}"
-        )
     tile = None
-    if row is not None:
+    if row is not None and mma in family.tiles:  # no flavour's names to check a name against
         try:
             tile = family.parse_kernel_name(row["kernelName"], mma)
         except ValueError as err:
             raise _row_error(row, "kernelName", str(err)) from None
+    reason = family.cannot_serve(m, n, k, mma)
+    if reason is not None:
+        return Plan(op, row, None, spec.short_name, call, reason=reason)
     choice = family.choose(m, n, k, cu_num, mma, tile, row.int("splitK") if row else 0)
     return Plan(op, row, choice, spec.short_name, call)
