@@ -161,3 +161,175 @@ def serve_with_fallback(source: str, env: dict[str, str], cache: Path, work: Pat
     proc = serve_from_cache(source, [], {**env, "AITER_AOT_FALLBACK": "1"}, cache, work)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc
+
+
+# --- property tests: random tables built with --csv, then served call by call ---
+
+
+def write_header_only_tables(directory: Path, specs) -> None:
+    """Default tables of `specs` with a header and no row, so that only --csv adds rows."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for spec in specs:
+        (directory / spec.name).write_text(",".join(spec.header) + "\n")
+
+
+def write_table(path: Path, spec, rows) -> Path:
+    """A CSV of `spec`'s columns in its header's order; `rows` map column names to cells (a
+    column a row leaves out is an empty cell)."""
+    lines = [",".join(spec.header)]
+    lines += [",".join(str(row.get(name, "")) for name in spec.header) for row in rows]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+_SERVE_EACH_PROLOGUE = """
+import json, sys, torch
+import aiter
+from aiter import dispatch, jit_monitor
+from aiter import flydsl_bridge as bridge
+from aiter.aot.flydsl.dry_run import dry_run
+
+def empty(shape, dtype):
+    return torch.empty(tuple(shape), dtype=dtype, device="cuda")
+"""
+
+_SERVE_EACH_EPILOGUE = """
+def _outcome(error):
+    if isinstance(error, jit_monitor.JitCompileRefused) or bridge.RUN_ONLY_MISS in str(error):
+        return "miss"
+    return "error"
+
+calls = json.loads(open(sys.argv[1]).read())
+results = []
+with dispatch.observe() as records, dry_run(sys.argv[2], int(sys.argv[3]), bridge.MODE_COMPILE):
+    for call in calls:
+        start = len(records)
+        outcome, message = "hit", ""
+        try:
+            serve(call)
+        except Exception as error:  # every call is tried: one miss must not hide another
+            outcome, message = _outcome(error), f"{type(error).__name__}: {error}"
+        done = [[r.op, r.backend, r.kernel, r.row, r.params] for r in records[start:]]
+        results.append({"outcome": outcome, "error": message, "records": done})
+print("RESULTS " + json.dumps(results, default=str))
+"""
+
+
+def serve_each_call(
+    arch: str, cu_num: int, body: str, calls: list, env: dict[str, str], cache: Path, work: Path
+) -> list[dict]:
+    """Serve every call of `calls` (JSON values) from `cache` under FLYDSL_RUNTIME_RUN_ONLY=1 in
+    one process, in a dry run of `arch`: `body` defines `serve(call)` (torch, aiter and
+    `empty(shape, dtype)` at hand). Per call, in order: {"outcome": "hit" | "miss" | "error",
+    "error": the exception's text, "records": [[op, backend, kernel, row, params], ...]}."""
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "calls.json").write_text(json.dumps(calls))
+    source = _SERVE_EACH_PROLOGUE + textwrap.dedent(body) + _SERVE_EACH_EPILOGUE
+    args = [str(work / "calls.json"), arch, str(cu_num)]
+    proc = serve_from_cache(source, args, env, cache, work)
+    assert proc.returncode == 0 and "RESULTS " in proc.stdout, proc.stderr[-3000:]
+    [line] = lines_starting(proc.stdout, "RESULTS ")
+    results = json.loads(line[len("RESULTS ") :])
+    assert len(results) == len(calls)
+    return results
+
+
+def served_by_torch(result: dict) -> bool:
+    """Whether the dispatch records of a served call say torch served it (no FlyDSL kernel)."""
+    return bool(result["records"]) and all(r[1] == "torch" for r in result["records"])
+
+
+def _first_lines(text: str, count: int = 4) -> str:
+    return " | ".join(text.splitlines()[:count])
+
+
+def cache_failures(calls: list, results: list[dict]) -> list[str]:
+    """Each call the built cache did not serve: its row, the call and the error."""
+    return [
+        f"row {call['row']} call {json.dumps(call)}: {result['outcome']}: "
+        f"{_first_lines(result['error'])}"
+        for call, result in zip(calls, results, strict=True)
+        if result["outcome"] != "hit"
+    ]
+
+
+def empty_cache_failures(calls: list, results: list[dict]) -> list[str]:
+    """Each call an empty cache did not miss, torch-served calls (which must hit) aside."""
+    wrong = []
+    for call, result in zip(calls, results, strict=True):
+        expected = "hit" if served_by_torch(result) else "miss"
+        if result["outcome"] != expected:
+            wrong.append(
+                f"row {call['row']} call {json.dumps(call)}: expected {expected} from an empty "
+                f"cache, got {result['outcome']} {_first_lines(result['error'])}"
+            )
+    return wrong
+
+
+class PropertyFigures:
+    """Tables, rows and calls of one table's property test, and how they were served."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.tables = self.rows = self.calls = self.misses = 0
+        self.empty_misses = self.empty_expected = self.torch = 0
+
+    def add(self, rows: int, results: list[dict], empty_results: list[dict]) -> None:
+        self.tables += 1
+        self.rows += rows
+        self.calls += len(results)
+        self.misses += sum(r["outcome"] != "hit" for r in results)
+        torch_served = [served_by_torch(r) for r in empty_results]
+        self.torch += sum(torch_served)
+        self.empty_expected += len(empty_results) - sum(torch_served)
+        self.empty_misses += sum(
+            r["outcome"] == "miss" and not t
+            for r, t in zip(empty_results, torch_served, strict=True)
+        )
+
+    def line(self) -> str:
+        return (
+            f"PROPERTY {self.name}: tables={self.tables} rows={self.rows} calls={self.calls} "
+            f"misses={self.misses} empty_cache_misses={self.empty_misses}/{self.empty_expected}"
+            f" torch_served={self.torch}"
+        )
+
+
+def build_and_serve_tables(
+    module: str,
+    specs,
+    tables: dict,
+    arch: str,
+    cu_num: int,
+    body: str,
+    calls: list,
+    work: Path,
+    *build_args: str,
+) -> tuple[list[dict], list[dict]]:
+    """Build `tables` ({spec: rows}) with `--csv SHORT=PATH` for `arch` into a fresh cache (the
+    default tables of `specs` empty), then serve `calls` from it and from an empty cache (see
+    serve_each_call); asserts that the build passes, the cache serves every call and the empty
+    cache misses every call torch does not serve. Returns both runs' results."""
+    config, cache = work / "config", work / "cache"
+    write_header_only_tables(config, specs)
+    csv_args, serve_env = [], {"AITER_CONFIG_DIR": str(config)}
+    for spec, rows in tables.items():
+        path = write_table(work / f"{spec.short_name}.csv", spec, rows)
+        csv_args += ["--csv", f"{spec.short_name}={path}"]
+        serve_env[spec.env_var] = str(path)  # as the builder sets it for its replay
+    build_env = {"AITER_CONFIG_DIR": str(config), "GPU_ARCHS": arch}
+    proc = run_aot(
+        module, *csv_args, *build_args, "--cache-dir", str(cache), "-j", "2", env=build_env
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    results = serve_each_call(arch, cu_num, body, calls, serve_env, cache, work / "served")
+    failures = cache_failures(calls, results)
+    assert not failures, f"{len(failures)} of {len(calls)} calls not served:\n" + "\n".join(
+        failures
+    )
+    empty = work / "empty-cache"
+    empty.mkdir()
+    empty_results = serve_each_call(arch, cu_num, body, calls, serve_env, empty, work / "empty")
+    wrong = empty_cache_failures(calls, empty_results)
+    assert not wrong, f"{len(wrong)} of {len(calls)} calls:\n" + "\n".join(wrong)
+    return results, empty_results

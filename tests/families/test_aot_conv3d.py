@@ -1,10 +1,10 @@
 """The conv3d replay end to end: a small bf16_tuned_conv3d table for two archs is listed, built,
 audited and served from, as a user would run `python -m aiter.aot.flydsl.conv3d`.
 
-The layer (32 -> 32 channels, 3x3x3, padding 1, 8x8 frames) tabled at 8 frames lends its tile to
-2..32 frames (output positions within 4x); on an 80-CU gfx942 the heuristic splits the reduction
-in two up to 20 frames and not from 21 (until tile_m grows at 32 frames), a switch the replay
-must find along the frame axis.
+The layer (32 -> 32 channels, 3x3x3, padding 1, 8x8 frames) is tabled at 8 and at 24 frames on
+an 80-CU gfx942. Each row lends its kernel to the frame counts whose output positions are nearest
+its own and within 4x (2..13 and 14..96); a row serves all of them with its own kernel, the
+heuristic's tile and split-K at its own shape: split in two at 8 frames, not at 24.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ ROWS = [
     _row("gfx942", 80),
     _row("gfx942", 80, C="64", libtype="torch"),  # torch serves it: UNREACHED
     _row("gfx1250", 256),
+    _row("gfx942", 80, D="24"),  # line 5: the same tile without split-K
 ]
 
 EXTRA_ARGS = ()
@@ -96,32 +97,30 @@ def test_each_dtype_and_layout_pair_is_a_job_over_the_borrowed_frames(listing):
         for i in ("NCDHW", "NDHWC")
         for o in ("NCDHW", "NDHWC")
     )
-    assert {(r.job.lo, r.job.hi) for r in jobs} == {(2, 32)}
+    assert {(r.job.lo, r.job.hi) for r in jobs} == {(2, 13)}
+    assert {(r.job.lo, r.job.hi) for r in _jobs(listing["gfx942"], 5)} == {(14, 96)}
     assert all(r.tag == "OK" for r in jobs), [r.message for r in jobs]
 
 
-def test_the_split_k_switch_along_the_frames_is_found(listing):
-    for result in _jobs(listing["gfx942"], 2):
-        bounds = [(s.lo, s.hi) for s in result.segments]
-        # Also found: the heuristic's wgm (2 below 8 frames) and tile_m (64 from 2048 positions,
-        # 32 frames), since a row with tile columns 0 leaves the tile to the heuristic.
-        assert bounds == [(2, 7), (8, 20), (21, 31), (32, 32)], bounds
-        below = {k.function for s in result.segments if s.hi <= 20 for k in s.kernels}
-        above = {k.function for s in result.segments if (s.lo, s.hi) == (21, 31) for k in s.kernels}
-        assert "conv3d_splitk_epilogue" in below and "conv3d_splitk_epilogue" not in above
-        pretranspose = "input_layout=NCDHW" in result.job.variant
-        assert ("conv3d_pretranspose" in below) == pretranspose
+def test_a_row_serves_every_frame_it_lends_to_with_its_own_kernel(listing):
+    for line, splits in ((2, True), (5, False)):
+        for result in _jobs(listing["gfx942"], line):
+            assert len(result.segments) == 1, [(s.lo, s.hi) for s in result.segments]
+            functions = {k.function for k in result.kernels()}
+            assert ("conv3d_splitk_epilogue" in functions) == splits
+            pretranspose = "input_layout=NCDHW" in result.job.variant
+            assert ("conv3d_pretranspose" in functions) == pretranspose
 
 
-# A row with its own split-K: served exactly at D=10 with split 2, its borrowed frames around it
-# (4..34 with no other row of the layer) with a split resolved per call, which differs.
+# A row with its own split-K, tabled at D=10: the frames it lends to (4..34, no other row of the
+# layer) are served with that split too, not with one resolved for the call.
 OWN_SPLIT_ROW = (
     "gfx942,304,1,256,10,60,88,256,3,3,3,1,1,1,0,1,1,1,1,1,32,1,32,64,2,2,4,2,,"
     "flydsl_conv3d_mfma_32x64_w2x2_g4,"
 )
 
 
-def test_a_rows_own_frame_count_is_probed_where_only_it_differs(setup, tmp_path):
+def test_a_rows_own_split_serves_every_frame_it_lends_to(setup, tmp_path):
     env, _ = setup
     table = tmp_path / "own.csv"
     table.write_text(",".join(CONV3D.header) + "\n" + OWN_SPLIT_ROW + "\n")
@@ -131,11 +130,9 @@ def test_a_rows_own_frame_count_is_probed_where_only_it_differs(setup, tmp_path)
     jobs = [r for r in reports["gfx942"].results if r.job.row.endswith("own.csv:2")]
     assert len(jobs) == 8  # 2 dtypes x 4 layout pairs
     for result in jobs:
-        bounds = [(s.lo, s.hi) for s in result.segments]
-        assert bounds == [(4, 9), (10, 10), (11, 34)], bounds
-        splits = {s.lo: [k.params for k in s.kernels if k.function == "conv3d_implicit"]
-                  for s in result.segments}  # fmt: skip
-        assert splits[10] != splits[4] and splits[10] != splits[11]
+        assert [(s.lo, s.hi) for s in result.segments] == [(4, 34)]
+        [conv] = [k for k in result.kernels() if k.function == "conv3d_implicit"]
+        assert "split_k=2 " in conv.params
 
 
 def test_torch_rows_are_unreached_and_wmma_names_its_kernels(listing):
@@ -157,8 +154,8 @@ def test_a_new_split_rule_in_the_runtime_is_followed(listing, setup, tmp_path):
     proc, reports = _replay(changed, tmp_path / "r.json", "--list", "--cache-dir", str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     for result in _jobs(reports["gfx942"], 2):
-        # The split's switch at 20/21 is gone; the tile's remain.
-        assert [(s.lo, s.hi) for s in result.segments] == [(2, 7), (8, 31), (32, 32)]
+        # The 8-frame row's split in two is gone.
+        assert [(s.lo, s.hi) for s in result.segments] == [(2, 13)]
         assert all(k.function != "conv3d_splitk_epilogue" for k in result.kernels())
 
 
@@ -243,9 +240,9 @@ def test_the_fallback_serves_a_deleted_split_with_its_cached_sibling(built, setu
     env, _ = setup
     cache = Path(shutil.copytree(built[2], tmp_path / "cache"))
     split2 = _split_entries(cache, 2)
-    assert split2 and _split_entries(cache, 1)  # 8 frames split in two; 21..31 frames do not
+    assert split2 and _split_entries(cache, 1)  # the 8-frame row splits in two; the 24 does not
     proc = serve_with_fallback(FALLBACK, env, cache, tmp_path, split2)
-    tile = "flydsl_conv3d_mfma_32x32_w2x2_g4"  # the heuristic tile for 8 and 21..31 frames
+    tile = "flydsl_conv3d_mfma_32x32_w2x2_g4"  # the heuristic tile at 8 and at 24 frames
     assert lines_starting(proc.stderr, "LOG aiter.jit ") == [
         f"LOG aiter.jit WARNING conv3d: kernel {tile} split_k=2 is not in the kernel cache; "
         f"serving it with the cached equivalent {tile} split_k=1 instead (AITER_AOT_FALLBACK=1: "

@@ -70,9 +70,9 @@ def serving(spec: TableSpec, rows: Sequence[Row], frames: int) -> Row | None:
     return served if served in rows else None
 
 
-# Only the frame counts a row serves are replayed, the heuristic's are not. Split-K resolved per
-# call can flip back and forth as the frames grow (it follows the work-group count), so the
-# frames a row serves are probed one by one; they span at most a few hundred values.
+# Only the frame counts a row serves are replayed, the heuristic's are not. A row serves all its
+# calls with one kernel (conv3d_plan.row_choice), so the kernels change only where the serving
+# row does; the frames a row serves are still probed one by one, being few (a few hundred).
 PROBE_EVERY_UP_TO = 512
 FAMILY = Family(
     name="conv3d",

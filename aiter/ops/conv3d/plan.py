@@ -318,6 +318,18 @@ def row_tile(row: Row, mma: str) -> Any | None:
     return tile
 
 
+def row_choice(row: Row, mma: str, cu_num: int) -> ConvChoice:
+    """The kernel a row serves every call it serves with, its own shape's and those it lends to:
+    its tile and split-K, the heuristic's at the row's own shape where it leaves them 0. So the
+    kernels a row serves never depend on the call's size."""
+    geometry = row_geometry(row)
+    tile = row_tile(row, mma) or heuristic_tile(geometry, mma)
+    split_k = row.int("splitK")
+    if split_k <= 0:
+        split_k = heuristic_split_k(geometry, tile, cu_num)
+    return ConvChoice(mma, tile, split_k)
+
+
 def plan(geometry: Any, has_bias: bool) -> ConvPlan:
     """What serves the call on the current device; nothing is reported yet. torch serves where
     the row says so, and where the kernel the row or the heuristic chose cannot serve the call
@@ -331,12 +343,10 @@ def plan(geometry: Any, has_bias: bool) -> ConvPlan:
     mma = device.arch_info().mma
     choice = None
     if mma in SUPPORTED_TILES:  # else no names to check a row's against: cannot_serve says why
-        tile = row_tile(row, mma) if row is not None else None
-        tile = tile or heuristic_tile(geometry, mma)
-        split_k = row.int("splitK") if row is not None and match == EXACT else 0
-        if split_k <= 0:
-            split_k = heuristic_split_k(geometry, tile, cu_num)
-        choice = ConvChoice(mma, tile, split_k)
+        choice = row_choice(row, mma, cu_num) if row is not None else None
+        if choice is None:
+            tile = heuristic_tile(geometry, mma)
+            choice = ConvChoice(mma, tile, heuristic_split_k(geometry, tile, cu_num))
     reason = cannot_serve(geometry, mma, choice)
     if reason is not None:
         return ConvPlan(row, match, None, reason=reason, frames=geometry.d)
