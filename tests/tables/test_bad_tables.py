@@ -135,9 +135,6 @@ AT_LOAD = [
     _case("moe", "kernelName2", MOE2, _grammar("flydsl_moe2", MOE2, "_<atomic|reduce>")),
     _case("fmha_fp8", "layout", "sparse", "expected one of dense, varlen, found 'sparse'"),
     _case("fmha_fp8", "head_dim", "32", "expected an integer from 64 to 256, found '32'"),
-    _case("a16w16", "kernelName", "", "expected a kernel name for a flydsl row, found ''"),
-    _case("bpreshuffle", "kernelName", "", "expected a kernel name for a flydsl row, found ''"),
-    _case("blockscale", "kernelName", "", "expected a kernel name for a flydsl row, found ''"),
     _case("moe", "inter_dim", "100", "expected a multiple of 8, found '100'"),
     _case("moe", "model_dim", "2080", "expected a multiple of 64, found '2080'"),
     # A constraint between cells: fp8 weights are covered in 16-wide K steps.
@@ -157,8 +154,10 @@ AT_LOAD = [
 AT_CALL = [
     _case("a16w16", "kernelName", f"{A16}_mfma_48x64x64", _no_tile(f"{A16}_mfma_48x64x64")),
     _case("a16w16", "kernelName", f"{A16}_wmma_16x64x64", _other_mma(f"{A16}_wmma_16x64x64")),
+    _case("a16w16", "kernelName", "", f"'' is not a {A16} kernel name: ..."),
     _case("bpreshuffle", "kernelName", f"{BP}_mfma_16x64x32", _no_tile(f"{BP}_mfma_16x64x32")),
     _case("bpreshuffle", "kernelName", f"{BP}_wmma_16x64x128", _other_mma(f"{BP}_wmma_16x64x128")),
+    _case("bpreshuffle", "kernelName", "", f"'' is not a {BP} kernel name: ..."),
     _case("blockscale", "kernelName", f"{BS}_mfma_16x64x64", _no_tile(f"{BS}_mfma_16x64x64", BS_TILES)),
     _case("conv3d", "kernelName", "flydsl_conv3d_wmma_32x32_w2x2_g1", "'flydsl_conv3d_wmma_32x32_w2x2_g1' names a wmma kernel; this arch uses mfma"),
     _case("conv3d", "kernelName", "flydsl_conv3d_mfma_32x32_w2x2_g1", "'flydsl_conv3d_mfma_32x32_w2x2_g1' disagrees with the row's tile columns (64, 32, 2, 2, 1)", **CONV_TILE),

@@ -58,13 +58,6 @@ _MNK = (
 _SPLIT_K = Column("splitK", "int", minimum=0)  # 0: the runtime chooses per call
 
 
-def _flydsl_names_a_kernel(row) -> tuple[str, str] | None:
-    """A FlyDSL row must name its kernel: the tile comes from the name."""
-    if row.cells["libtype"].strip() == LIBTYPE_FLYDSL and not row.cells["kernelName"].strip():
-        return "kernelName", f"a kernel name for a {LIBTYPE_FLYDSL} row"
-    return None
-
-
 def _a8w8_choice(prefix: str) -> tuple[Column, ...]:
     return (
         Column("libtype", "str", choices=LIBTYPES),
@@ -93,7 +86,6 @@ A16W16 = TableSpec(
     ),
     key=("gfx", "cu_num", "M", "N", "K", "bias", "dtype", "outdtype"),
     axis=M_AXIS,
-    row_checks=(_flydsl_names_a_kernel,),
 )
 
 A8W8_BPRESHUFFLE = TableSpec(
@@ -110,7 +102,6 @@ A8W8_BPRESHUFFLE = TableSpec(
     key=("gfx", "cu_num", "M", "N", "K", "q_dtype_w"),
     axis=M_AXIS,
     open_choices={"out_dtype": A8W8_OUT_DTYPES},
-    row_checks=(_flydsl_names_a_kernel,),
 )
 
 A8W8_BLOCKSCALE = TableSpec(
@@ -122,5 +113,4 @@ A8W8_BLOCKSCALE = TableSpec(
     key=("gfx", "cu_num", "M", "N", "K"),
     axis=M_AXIS,
     open_choices={"out_dtype": A8W8_OUT_DTYPES},
-    row_checks=(_flydsl_names_a_kernel,),
 )
