@@ -230,6 +230,7 @@ def test_naming_compiles_and_writes_nothing(named) -> None:
 
 
 @pytest.mark.slow  # compiles a kernel in a fresh process
+@pytest.mark.slow  # compiles the tiny kernel in a fresh process
 def test_compile_writes_exactly_the_named_file(compiled) -> None:
     tmp, report = compiled
     first = report["phases"][0]
@@ -246,6 +247,7 @@ def test_compile_writes_exactly_the_named_file(compiled) -> None:
 
 
 @pytest.mark.slow  # compiles a kernel in a fresh process
+@pytest.mark.slow  # compiles the tiny kernel in a fresh process
 def test_compiling_again_hits_the_cache(compiled) -> None:
     _, report = compiled
     first, second = report["phases"][:2]
@@ -255,6 +257,7 @@ def test_compiling_again_hits_the_cache(compiled) -> None:
 
 
 @pytest.mark.slow  # compiles a kernel in a fresh process
+@pytest.mark.slow  # compiles the tiny kernel in a fresh process
 def test_naming_after_compiling_names_the_same_file(compiled) -> None:
     _, report = compiled
     compile_phase, _, name_phase = report["phases"]
@@ -267,6 +270,7 @@ def test_naming_after_compiling_names_the_same_file(compiled) -> None:
 
 
 @pytest.mark.slow  # compiles a kernel in a fresh process
+@pytest.mark.slow  # compiles the tiny kernel in a fresh process
 def test_keys_are_stable_across_processes(named, compiled) -> None:
     named_key = named[1]["phases"][0]["requests"][0]["key"]
     compiled_request = compiled[1]["phases"][0]["requests"][0]
@@ -277,6 +281,7 @@ def test_keys_are_stable_across_processes(named, compiled) -> None:
     )
 
 
+@pytest.mark.slow  # compiles the tiny kernel in a fresh process
 def test_compiled_entry_holds_a_gfx942_code_object(compiled) -> None:
     path = compiled[1]["phases"][0]["requests"][0]["path"]
     codes = bridge.extract_code_objects(path)
@@ -426,6 +431,7 @@ def test_self_test_catches_a_renamed_variable(monkeypatch, manager, attr, variab
 
 
 @pytest.mark.slow  # compiles a kernel in a fresh process
+@pytest.mark.slow  # compiles the tiny kernel in a fresh process
 def test_extract_code_objects_does_not_import_flydsl(compiled) -> None:
     path = compiled[1]["phases"][0]["requests"][0]["path"]
     code = (

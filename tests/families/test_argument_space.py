@@ -139,9 +139,10 @@ def test_gemm_a16w16_argument_space() -> None:
     row = first_row(A16W16, libtype="flydsl")
     m, n, k = row.int("M"), row.int("N"), row.int("K")
     points = []
-    for dtype, b_dtype, out_dtype, bias in itertools.product(
-        FLOATS, FLOATS, (None, *FLOATS, torch.int8), (None, *FLOATS)
+    for dtype, b_float32, out_dtype, bias in itertools.product(
+        FLOATS, (False, True), (None, *FLOATS, torch.int8), (None, *FLOATS)
     ):
+        b_dtype = torch.float32 if b_float32 else dtype  # B unlike A, or like it
 
         def call(dtype=dtype, b_dtype=b_dtype, out_dtype=out_dtype, bias=bias):
             bias_t = empty((n,), bias) if bias is not None else None

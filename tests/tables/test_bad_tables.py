@@ -141,7 +141,11 @@ AT_LOAD = [
     _case("moe", "inter_dim", "360", "expected a multiple of 16 for fp8 weights, found '360'",
           q_dtype_w="torch.float8_e4m3fnuz", q_dtype_a="torch.float8_e4m3fnuz",
           q_type="QuantType.per_Token"),
-    # Integer cells past 32 bits: no kernel takes such a size, so no row may name one.
+]  # fmt: skip
+
+# Integer cells past 32 bits: no kernel takes such a size, so no row may name one. The builder
+# refuses them by the same check: one of them runs it.
+PAST_32_BITS = [
     _case("a16w16", "M", "1000000000000000000000000000000000000000", "expected an integer from 1 to 2147483647, found '1000000000000000000000000000000000000000'"),
     _case("bpreshuffle", "N", "2147483648", "expected an integer from 1 to 2147483647, found '2147483648'"),
     _case("blockscale", "K", "1e30", "expected an integer from 1 to 2147483647, found '1e30'"),
@@ -191,7 +195,7 @@ def _extend(tmp_path: Path, monkeypatch, family: Family, bad: dict[str, str]) ->
     return path
 
 
-@pytest.mark.parametrize("name, column, cells, message", AT_LOAD)
+@pytest.mark.parametrize("name, column, cells, message", AT_LOAD + PAST_32_BITS)
 def test_a_bad_cell_fails_the_whole_table_at_load(
     tmp_path, monkeypatch, name, column, cells, message
 ):
@@ -202,7 +206,7 @@ def test_a_bad_cell_fails_the_whole_table_at_load(
         _refused(lambda: family.call(family.good), path, column, message)
 
 
-@pytest.mark.parametrize("name, column, cells, message", AT_LOAD)
+@pytest.mark.parametrize("name, column, cells, message", AT_LOAD + PAST_32_BITS[:1])
 def test_the_builder_refuses_a_bad_cell_with_one_line_and_exit_2(
     tmp_path, name, column, cells, message
 ):
