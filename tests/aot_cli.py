@@ -333,3 +333,18 @@ def build_and_serve_tables(
     wrong = empty_cache_failures(calls, empty_results)
     assert not wrong, f"{len(wrong)} of {len(calls)} calls:\n" + "\n".join(wrong)
     return results, empty_results
+
+
+def build_examples(count: int):
+    """Hypothesis settings for a property whose every example is a build: `count` examples,
+    derandomized, no database, deadline or shrinking."""
+    from hypothesis import HealthCheck, Phase, settings
+
+    return settings(
+        max_examples=count,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=(Phase.generate,),
+        suppress_health_check=list(HealthCheck),
+    )

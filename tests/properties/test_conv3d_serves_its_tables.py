@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from aiter.ops.conv3d.kernels.implicit_gemm import SUPPORTED_TILES
@@ -29,7 +29,7 @@ from aiter.ops.conv3d.table import (
     LIBTYPE_FLYDSL,
     LIBTYPE_TORCH,
 )
-from tests.aot_cli import PropertyFigures, build_and_serve_tables
+from tests.aot_cli import PropertyFigures, build_and_serve_tables, build_examples
 
 pytestmark = pytest.mark.slow  # builds a cache per generated table
 
@@ -208,14 +208,7 @@ def _check(tmp_path, setups: st.SearchStrategy, examples: int, exhaustive=False)
     layout pair)."""
     numbers = iter(range(examples * 4))
 
-    @settings(
-        max_examples=examples,
-        derandomize=True,
-        database=None,
-        deadline=None,
-        phases=(Phase.generate,),  # no shrinking: every example is a build
-        suppress_health_check=list(HealthCheck),
-    )
+    @build_examples(examples)
     @given(data=st.data())
     def check(data):
         cu_num, top, rows = data.draw(setups, label="table")

@@ -12,11 +12,11 @@ ragged (fewer rows than batch times the longest lengths).
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from aiter.ops.fmha_fp8.table import FMHA_FP8, LAYOUTS
-from tests.aot_cli import PropertyFigures, build_and_serve_tables
+from tests.aot_cli import PropertyFigures, build_and_serve_tables, build_examples
 
 pytestmark = pytest.mark.slow  # builds a cache per generated table
 
@@ -126,14 +126,7 @@ def figures():
 def test_random_fmha_fp8_tables_are_served_from_their_cache_alone(tmp_path):
     examples = iter(range(EXAMPLES * 4))
 
-    @settings(
-        max_examples=EXAMPLES,
-        derandomize=True,
-        database=None,
-        deadline=None,
-        phases=(Phase.generate,),  # no shrinking: every example is a build
-        suppress_health_check=list(HealthCheck),
-    )
+    @build_examples(EXAMPLES)
     @given(data=st.data())
     def check(data):
         cu_num, top, rows = data.draw(_setup(), label="table")

@@ -10,7 +10,7 @@ left to its default, the weight preshuffled by `aiter.shuffle_weight` or passed 
 from __future__ import annotations
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from aiter.ops.gemm.kernels.a8w8 import BLOCKSCALE_TILES, BPRESHUFFLE_TILES
@@ -28,7 +28,7 @@ from aiter.ops.gemm.table import (
     LIBTYPE_FLYDSL,
     LIBTYPE_TORCH,
 )
-from tests.aot_cli import PropertyFigures, build_and_serve_tables
+from tests.aot_cli import PropertyFigures, build_and_serve_tables, build_examples
 
 pytestmark = pytest.mark.slow  # builds a cache per generated table set
 
@@ -200,14 +200,7 @@ def figures():
 def test_random_gemm_tables_are_served_from_their_cache_alone(tmp_path):
     examples = iter(range(EXAMPLES * 4))
 
-    @settings(
-        max_examples=EXAMPLES,
-        derandomize=True,
-        database=None,
-        deadline=None,
-        phases=(Phase.generate,),  # no shrinking: every example is a build
-        suppress_health_check=list(HealthCheck),
-    )
+    @build_examples(EXAMPLES)
     @given(data=st.data())
     def check(data):
         cu_num = data.draw(st.sampled_from(CU_NUMS), label="cu_num")

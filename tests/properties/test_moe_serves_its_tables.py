@@ -16,7 +16,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from aiter.ops.moe.kernels.stages import STAGE_TILES
@@ -34,7 +34,7 @@ from aiter.ops.moe.table import (
     STAGE2_KERNELS,
     STAGE2_MODES,
 )
-from tests.aot_cli import PropertyFigures, build_and_serve_tables
+from tests.aot_cli import PropertyFigures, build_and_serve_tables, build_examples
 
 pytestmark = pytest.mark.slow  # builds a cache per generated table
 
@@ -238,14 +238,7 @@ def figures():
 def test_random_moe_tables_are_served_from_their_cache_alone(tmp_path):
     examples = iter(range(EXAMPLES * 4))
 
-    @settings(
-        max_examples=EXAMPLES,
-        derandomize=True,
-        database=None,
-        deadline=None,
-        phases=(Phase.generate,),  # no shrinking: every example is a build
-        suppress_health_check=list(HealthCheck),
-    )
+    @build_examples(EXAMPLES)
     @given(data=st.data())
     def check(data):
         cu_num = data.draw(st.sampled_from(CU_NUMS), label="cu_num")
