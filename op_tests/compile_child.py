@@ -44,6 +44,20 @@ def compile_env(arch: str, rocm_path: str, cache: Path, dump: Path | None = None
     return env
 
 
+def disassemble_or_skip(code: bytes, arch: str) -> str:
+    """llvm-objdump's disassembly of a code object; skips the test when no installed LLVM knows
+    the arch, or fails it under AITER_REQUIRE_DISASSEMBLER=1 (CI installs llvm-22)."""
+    from aiter.flydsl_bridge import elf
+
+    text = elf.disassemble(code, arch)
+    if text is None:
+        reason = f"no installed llvm-objdump knows {arch} (Debian's llvm-22 knows all three archs)"
+        if os.environ.get("AITER_REQUIRE_DISASSEMBLER"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return text
+
+
 def run_child(code: str, args: list[str], env: dict, cwd: Path = REPO):
     """`python -c code args...`; the CompletedProcess, output captured."""
     return subprocess.run(

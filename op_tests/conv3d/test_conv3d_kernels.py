@@ -19,7 +19,7 @@ from aiter.aot.flydsl.dry_run import dry_run
 from aiter.ops.conv3d.kernels import implicit_gemm as cv
 from aiter.ops.conv3d.kernels import implicit_gemm_index as ix
 from aiter.ops.shared import gemm_index as a16
-from op_tests.compile_child import LIST_THEN_BUILD, compile_env, run_child
+from op_tests.compile_child import LIST_THEN_BUILD, compile_env, disassemble_or_skip, run_child
 
 
 def _pick(cond, a, b):
@@ -893,15 +893,13 @@ def test_code_objects_target_the_arch(compiled: dict) -> None:
 def test_disassembly_uses_the_arch_mma(compiled: dict) -> None:
     """llvm-objdump, where an installed one knows the arch, finds the MMA in the conv kernel
     only."""
-    from aiter.flydsl_bridge import elf, extract_code_objects
+    from aiter.flydsl_bridge import extract_code_objects
 
     arch, mma = compiled["arch"], compiled["mma"]
     other = "v_wmma" if mma == "mfma" else "v_mfma"
     for cfg, built in zip(COMPILED, compiled["built"], strict=True):
         for name, path in built["entries"]:
-            text = elf.disassemble(extract_code_objects(path)[0], arch)
-            if text is None:
-                pytest.skip(f"no installed llvm-objdump knows {arch} (see the ISA listing test)")
+            text = disassemble_or_skip(extract_code_objects(path)[0], arch)
             assert (MNEMONIC[(mma, cfg[-1])] in text) == (name == "conv3d_implicit"), path
             assert other not in text, path
 

@@ -19,7 +19,7 @@ from aiter import flydsl_bridge as bridge
 from aiter.aot.flydsl.dry_run import dry_run
 from aiter.ops.fmha_fp8.kernels import flash_attn as fa
 from aiter.ops.fmha_fp8.kernels import flash_attn_index as ix
-from op_tests.compile_child import LIST_THEN_BUILD, compile_env, run_child
+from op_tests.compile_child import LIST_THEN_BUILD, compile_env, disassemble_or_skip, run_child
 
 FNUZ, FN = torch.float8_e4m3fnuz, torch.float8_e4m3fn
 NEG_INF = float("-inf")
@@ -880,15 +880,13 @@ def test_code_objects_target_the_arch(compiled: dict) -> None:
 def test_disassembly_uses_the_arch_mma(compiled: dict) -> None:
     """llvm-objdump, where an installed one knows the arch, finds the fp8 MMA in the forward
     kernel only."""
-    from aiter.flydsl_bridge import elf, extract_code_objects
+    from aiter.flydsl_bridge import extract_code_objects
 
     arch, mma = compiled["arch"], compiled["mma"]
     other = "v_wmma" if mma == "mfma" else "v_mfma"
     for built in compiled["built"]:
         for name, path in built["entries"]:
-            text = elf.disassemble(extract_code_objects(path)[0], arch)
-            if text is None:
-                pytest.skip(f"no installed llvm-objdump knows {arch} (see the ISA listing test)")
+            text = disassemble_or_skip(extract_code_objects(path)[0], arch)
             assert (MNEMONIC[mma] in text) == (name == "flash_attn_fp8_fwd"), path
             assert other not in text, path
 

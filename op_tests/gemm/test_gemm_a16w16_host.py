@@ -44,11 +44,17 @@ def default_row_ref(prefix: str) -> str:
 
 
 def test_supported_tiles() -> None:
-    expected = {GemmTile(m, n, k) for m in (16, 32, 64, 128) for n in (64, 128) for k in (32, 64)}
+    expected = {
+        GemmTile(m, n, k) for m in (16, 32, 64, 128, 256) for n in (64, 128, 256) for k in (32, 64)
+    } - {GemmTile(256, 256, 64)}
     assert set(SUPPORTED_TILES) == {"mfma", "wmma"}
     for tiles in SUPPORTED_TILES.values():
-        assert len(tiles) == 16
         assert set(tiles) == expected
+
+
+def test_a_tile_over_budget_is_refused_with_the_reason() -> None:
+    with pytest.raises(ValueError, match=r"does not fit: it needs about \d+ VGPRs"):
+        gemm_plan.A16W16.parse_kernel_name("flydsl_a16w16_mfma_256x256x64", "mfma")
 
 
 @pytest.mark.parametrize("mma, tile", ALL_TILES)
@@ -101,13 +107,17 @@ def test_wrong_flavour(name: str, named: str, arch_mma: str) -> None:
     )
 
 
-@pytest.mark.parametrize("tile", ["48x64x64", "16x32x64", "16x64x16", "256x128x64"])
+@pytest.mark.parametrize("tile", ["48x64x64", "16x32x64", "16x64x16", "16x96x32"])
 def test_unsupported_tile(tile: str) -> None:
     name = f"flydsl_a16w16_mfma_{tile}"
     with pytest.raises(ValueError) as info:
         gemm_plan.A16W16.parse_kernel_name(name, "mfma")
     supported = ", ".join(
-        f"{m}x{n}x{k}" for m in (16, 32, 64, 128) for n in (64, 128) for k in (32, 64)
+        f"{m}x{n}x{k}"
+        for m in (16, 32, 64, 128, 256)
+        for n in (64, 128, 256)
+        for k in (32, 64)
+        if (m, n, k) != (256, 256, 64)
     )
     assert str(info.value) == (
         f"{name!r}: tile not supported by the mfma kernel; supported: {supported}"
@@ -123,11 +133,12 @@ def test_unsupported_tile(tile: str) -> None:
         # tile_m 16 >= 1; 1 x 32 and 1 x 64 blocks < 304 CUs -> narrowest n; 64 | 4096.
         (1, 4096, 4096, 304, (16, 64, 64)),
         # tile_m 128 (capped); 32 x 32 = 1024 blocks >= 304 with n=128.
-        (4096, 4096, 4096, 304, (128, 128, 64)),
+        # tile_m 256 (the largest); 16 x 32 = 512 blocks of n=128 fill 304 CUs, n=256 not.
+        (4096, 4096, 4096, 304, (256, 128, 64)),
         # tile_m 64 >= 33; K=96: 64 does not divide it, 32 does.
         (33, 96, 96, 304, (64, 64, 32)),
-        # 2 x 64 = 128 blocks >= 80 with n=128; 4000 = 125 x 32, not a multiple of 64.
-        (200, 8192, 4000, 80, (128, 128, 32)),
+        # tile_m 256 >= 200: 1 x 128 blocks >= 80 with n=64 only; 4000 = 125 x 32.
+        (200, 8192, 4000, 80, (256, 64, 32)),
         # tile_m 32 >= 17; K=48 divisible by neither: the smallest tile_k.
         (17, 4864, 48, 304, (32, 64, 32)),
         # Exactly one block per CU with n=128 (1 x 304), and one short of it (1 x 303).

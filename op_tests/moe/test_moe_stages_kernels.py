@@ -26,7 +26,7 @@ from aiter.ops.shared import gemm_index as a16ix
 from aiter.ops.shared import gemm_index_8bit as a8ix
 from aiter.ops.shared.preshuffle import shuffle_weight
 from aiter.ops.shared.tiles import GemmTile
-from op_tests.compile_child import compile_env, run_child
+from op_tests.compile_child import compile_env, disassemble_or_skip, run_child
 from op_tests.moe.reference import (
     act_reference,
     fused_moe_reference,
@@ -1066,20 +1066,19 @@ def test_code_objects_target_the_arch(compiled: dict) -> None:
 
 
 @pytest.mark.slow
-def test_gfx942_disassembly(compiled: dict) -> None:
-    """llvm-objdump (LLVM 19 knows gfx942) finds the MMA in the GEMM kernels' code objects."""
-    from aiter.flydsl_bridge import elf, extract_code_objects
+def test_disassembly_uses_the_arch_mma(compiled: dict) -> None:
+    """llvm-objdump finds the MMA in the GEMM kernels' code objects, on every arch."""
+    from aiter.flydsl_bridge import extract_code_objects
 
-    if compiled["arch"] != "gfx942":
-        pytest.skip("the installed llvm-objdump disassembles gfx942 only (see the ISA listing)")
+    arch = compiled["arch"]
+    mma = ARCH_MMA[arch][0]
+    other = "v_wmma" if mma == "mfma" else "v_mfma"
     for (stage, quant, *_), result in zip(COMPILED, compiled["results"], strict=True):
         for entry in result["entries"]:
-            text = elf.disassemble(extract_code_objects(entry)[0], "gfx942")
-            if text is None:
-                pytest.skip("no llvm-objdump that knows gfx942")
+            text = disassemble_or_skip(extract_code_objects(entry)[0], arch)
             is_gemm = Path(entry).parent.name.rsplit("_", 1)[0] == f"moe_stage{stage}"
-            assert (MNEMONIC[("mfma", quant)] in text) == is_gemm, entry
-            assert "v_wmma" not in text, entry
+            assert (MNEMONIC[(mma, quant)] in text) == is_gemm, entry
+            assert other not in text, entry
 
 
 @pytest.mark.slow

@@ -28,6 +28,7 @@ from aiter.ops.gemm.kernels.a8w8 import (
 from aiter.ops.gemm.kernels.a16w16 import K_MULTIPLE as A16W16_K_MULTIPLE
 from aiter.ops.gemm.kernels.a16w16 import N_MULTIPLE as A16W16_N_MULTIPLE
 from aiter.ops.gemm.kernels.a16w16 import SUPPORTED_TILES as A16W16_TILES
+from aiter.ops.gemm.kernels.a16w16 import tile_problem as a16w16_tile_problem
 from aiter.ops.gemm.table import LIBTYPE_FLYDSL, LIBTYPE_TORCH
 from aiter.ops.shared.gemm_index import REDUCE_BLOCK
 from aiter.tuning import Row, TableError, TableSpec
@@ -65,6 +66,8 @@ class KernelFamily:
     n_multiple: int = 1
     k_multiple: int = 1
     max_mn: int | None = None  # the largest M * N the kernels index; None: no limit
+    # Why a tile the kernel is written for does not fit the arch (LDS, registers), or None.
+    tile_problem: Callable[[Any, str], str | None] | None = None
 
     def cannot_serve(self, m: int, n: int, k: int, mma: str) -> str | None:
         """Why no kernel of the family can serve an [M, K] x [N, K] call on an arch of `mma`
@@ -113,6 +116,9 @@ class KernelFamily:
         tile_type = type(self.tiles[mma][0])
         tile = tile_type(int(match["m"]), int(match["n"]), int(match["k"]))
         if tile not in self.tiles[mma]:
+            problem = self.tile_problem(tile, mma) if self.tile_problem else None
+            if problem is not None:
+                raise ValueError(f"{name!r}: the tile does not fit: it {problem}")
             supported = ", ".join(f"{t.tile_m}x{t.tile_n}x{t.tile_k}" for t in self.tiles[mma])
             raise ValueError(
                 f"{name!r}: tile not supported by the {mma} kernel; supported: {supported}"
@@ -196,6 +202,7 @@ A16W16 = KernelFamily(
     A16W16_N_MULTIPLE,
     A16W16_K_MULTIPLE,
     A16W16_MAX_MN,
+    a16w16_tile_problem,
 )
 BPRESHUFFLE = KernelFamily(
     gemm_table.BPRESHUFFLE_KERNELS,

@@ -8,52 +8,37 @@ from typing import TYPE_CHECKING, Any
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
-from flydsl.expr import const_expr, range_constexpr
+from flydsl.expr import const_expr, range_constexpr, rocdl
 
 from aiter.ops.shared import SOURCES_DIGEST as SHARED_HELPERS
-from aiter.ops.shared.gemm_blocks import (
-    Tile,
-    check_mma,
-    check_tile_and_split_k,
-    clamp,
-    coord,
-    load_run,
-    to_stream,
-    ws_offset,
-    zero_accs,
-)
-from aiter.ops.shared.gemm_index import (
-    K_BLOCK,
-    REDUCE_BLOCK,
-    WAVE_SIZE,
-    WAVES_PER_BLOCK,
-    c_offset,
-    grid_size,
-    in_bounds,
-    k_loop_counts,
-    reduce_element,
-    reduce_grid_size,
-    split_k_range,
-)
+from aiter.ops.shared import mainloop
+from aiter.ops.shared import mainloop_index as mx
+from aiter.ops.shared.gemm_blocks import check_mma, check_tile_and_split_k, load_run, to_stream
+from aiter.ops.shared.gemm_index import REDUCE_BLOCK, reduce_element, reduce_grid_size
 from aiter.ops.shared.kernel_tensors import kernel_tensor, kernel_tensors
-from aiter.ops.shared.mma_16bit import k_blocks as _k_blocks
 from aiter.ops.shared.tiles import GemmTile, tile_grid
 
 if TYPE_CHECKING:
     import torch
 
+K_BLOCK = mx.k_block(2)
+# Tiles the kernel is written for; SUPPORTED_TILES keeps those that fit every arch of a flavour.
+CANDIDATE_TILES = tile_grid((16, 32, 64, 128, 256), (64, 128, 256), (32, 64))
+
+
+def tile_problem(tile: GemmTile, mma: str) -> str | None:
+    """Why a tile does not fit the arch's LDS or registers (fp32 epilogue, the widest), or None."""
+    return mx.budget_problem(tile.tile_m, tile.tile_n, tile.tile_k, 2, 4, mma)
+
 
 SUPPORTED_TILES: dict[str, tuple[GemmTile, ...]] = {
-    "mfma": tile_grid((16, 32, 64, 128), (64, 128), (32, 64)),
-    "wmma": tile_grid((16, 32, 64, 128), (64, 128), (32, 64)),
+    mma: tuple(t for t in CANDIDATE_TILES if tile_problem(t, mma) is None)
+    for mma in ("mfma", "wmma")
 }
 MMA_FLAVOURS = tuple(SUPPORTED_TILES)
 N_MULTIPLE = 1
 K_MULTIPLE = K_BLOCK
 BIAS_DTYPE_RULE = "same dtype as out"
-
-# Both flavours load each lane's MMA operands straight from global memory (a contiguous K run
-# of one A row and of one B row per lane), so the kernels use no LDS and no barrier.
 
 
 @flyc.kernel
@@ -73,52 +58,60 @@ def gemm_a16w16_kernel(
     mma: fx.Constexpr[str],
 ):
     """One block computes a tile_m x tile_n tile of C (or of split `block_idx.z`'s partial
-    when split_k > 1, then `c` is the fp32 workspace and has_bias is False)."""
-    # block_idx.z is read before Tile reads block_idx.y and .x, as the kernel always did.
+    when split_k > 1, then `c` is the fp32 workspace and has_bias is False), through the
+    shared main loop (aiter/ops/shared/mainloop.py)."""
     split = fx.block_idx.z
-    tile = Tile(mma, tile_m, tile_n, m, n)
-    in_dtype = a.dtype
-    k64 = fx.Int64(k)
-    a_rows, b_rows = tile.operand_rows()
-
-    pa = fx.get_iter(a)
-    pb = fx.get_iter(b)
-    kb_begin, kb_end = split_k_range(split, k // K_BLOCK, split_k)
-    blocks_per_iter = tile_k // K_BLOCK
-    iters, tail_begin = k_loop_counts(kb_begin, kb_end, blocks_per_iter)
-
-    accs = zero_accs(tile.reps_m * tile.reps_n, tile.rows_per_lane, fx.Float32)
-    # Runtime loops; `accs` is reassigned in the body, so it is carried across iterations.
-    for it in range(fx.Int32(0), iters, fx.Int32(1)):
-        accs = _k_blocks(
-            mma, in_dtype, pa, pb, a_rows, b_rows, k64,
-            kb_begin + it * blocks_per_iter, blocks_per_iter, tile.lane, accs,
-        )  # fmt: skip
-    if const_expr(blocks_per_iter > 1):
-        # Fewer than blocks_per_iter k-blocks are left over: one block per iteration.
-        for kb in range(tail_begin, kb_end, fx.Int32(1)):
-            accs = _k_blocks(mma, in_dtype, pa, pb, a_rows, b_rows, k64, kb, 1, tile.lane, accs)
-
-    pc = fx.get_iter(c)
     out_dtype = c.dtype
-    for j in range_constexpr(tile.reps_n):
-        if const_expr(has_bias):
-            _, col = coord(tile, 0, j, 0)
-            bias_val = load_run(fx.get_iter(bias), fx.Int64(clamp(col, n)), 1, bias.dtype)
-            bias_f32 = bias_val.to(fx.Float32)[0]
-        for i in range_constexpr(tile.reps_m):
-            acc = accs[i * tile.reps_n + j]
-            if const_expr(has_bias):
-                acc = acc + bias_f32
-            vals = acc.to(out_dtype)
-            for e in range_constexpr(tile.rows_per_lane):
-                row, col = coord(tile, i, j, e)
-                if in_bounds(row, col, m, n):
-                    if const_expr(split_k > 1):
-                        off = ws_offset(tile, split, row, col)
-                    else:
-                        off = c_offset(fx.Int64(row), fx.Int64(col), fx.Int64(n))
-                    fx.ptr_store(vals[e], pc + off)
+    out_bytes = mainloop.element_bytes(out_dtype)
+    lds = mainloop.allocate_lds(tile_m, tile_n, tile_k, a.dtype, out_bytes, mma)
+    p = mainloop.Pipeline(mma, tile_m, tile_n, tile_k, a, b, m, n, k, lds)
+    kb_begin, kb_end = mx.split_k_range(split, k // K_BLOCK, split_k)
+    tiles = mx.k_tiles(kb_begin, kb_end, p.blocks)
+
+    accs = mainloop.zero_accs(p)
+    a_copy, b_next = mainloop.load_k_tile(p, kb_begin, kb_end)
+    # Runtime loop; accs, a_copy and b_next are reassigned, so they are carried.
+    for t in range(fx.Int32(1), tiles, fx.Int32(1)):
+        b_cur = b_next
+        fx.barrier()
+        mainloop.store_a(p, a_copy)
+        fx.barrier()
+        a_copy, b_next = mainloop.load_k_tile(p, kb_begin + t * p.blocks, kb_end)
+        rocdl.sched_barrier(0)  # keep the next k-tile's loads ahead of this one's MMAs
+        accs = mainloop.mma_k_tile(p, b_cur, accs)
+    # The last k-tile (zeros when the split owns no k-block).
+    fx.barrier()
+    mainloop.store_a(p, a_copy)
+    fx.barrier()
+    accs = mainloop.mma_k_tile(p, b_next, accs)
+
+    # Epilogue: 16 rows at a time through each wave's own LDS staging area, stored as
+    # 16-byte runs along rows; runs that cross column N store element by element.
+    out_lds = fx.recast_iter(out_dtype, lds)
+    bias_f32 = None
+    if const_expr(has_bias):
+        bias_f32 = mainloop.lane_bias(p, bias, n)
+    pc = fx.get_iter(c)
+    vec = mx.CHUNK_BYTES // out_bytes
+    fx.barrier()  # every wave is done reading the A stage the staging areas reuse
+    for i in range_constexpr(p.reps_m):
+        mainloop.stage_out_rows(p, accs, i, out_lds, out_dtype, bias_f32)
+        for values, row16, col, real in mainloop.staged_runs(p, out_lds, out_dtype):
+            row = p.origin_m + i * mx.MMA_MN + row16
+            col = p.origin_n + col
+            if const_expr(split_k > 1):
+                off = mx.workspace_offset(
+                    fx.Int64(split), fx.Int64(row), fx.Int64(col), fx.Int64(m), fx.Int64(n)
+                )
+            else:
+                off = mx.c_offset(fx.Int64(row), fx.Int64(col), fx.Int64(n))
+            if real & (row < m) & (col + vec <= n):
+                fx.ptr_store(values, pc + off)
+            else:
+                if real & (row < m) & (col < n):
+                    for e in range_constexpr(vec):
+                        if col + e < n:
+                            fx.ptr_store(values[e], pc + off + e)
 
 
 @flyc.jit
@@ -139,10 +132,10 @@ def gemm_a16w16(
     stream: fx.Stream = fx.Stream(None),
 ):
     _ = SHARED_HELPERS  # FlyDSL keys this kernel by the shared helpers' sources
-    grid = grid_size(m, n, tile_m, tile_n, split_k)
+    grid = mx.grid_size(m, n, tile_m, tile_n, split_k)
     gemm_a16w16_kernel(
         a, b, bias, c, m, n, k, tile_m, tile_n, tile_k, split_k, has_bias, mma
-    ).launch(grid=grid, block=(WAVES_PER_BLOCK * WAVE_SIZE[mma], 1, 1), stream=stream)
+    ).launch(grid=grid, block=(mx.threads(mma), 1, 1), stream=stream)
 
 
 @flyc.kernel
@@ -232,6 +225,12 @@ def launch_gemm_a16w16(
         raise ValueError(f"b: expected shape [N, {k}], got {list(b.shape)}")
     if tuple(out.shape) != (m, n):
         raise ValueError(f"out: expected shape [{m}, {n}], got {list(out.shape)}")
+    if max(tile.tile_m, tile.tile_n) * k * a.element_size() >= mx.OFFSET_LIMIT:
+        raise ValueError(
+            f"a: K = {k} is too large for 32-bit buffer offsets within a {tile.tile_m}x"
+            f"{tile.tile_n} tile (tile rows x K x {a.element_size()} bytes must stay below "
+            f"{mx.OFFSET_LIMIT})"
+        )
     if m * n + REDUCE_BLOCK > 2**31:
         raise ValueError(f"out: M * N = {m * n} is too large for 32-bit element indices")
     has_bias = bias is not None
