@@ -20,7 +20,6 @@ REPO = Path(__file__).resolve().parents[2]
 ARCH_FLAVOUR = {"gfx942": "mfma", "gfx950": "mfma", "gfx1250": "wmma"}
 # K of one MMA instruction: gfx942 16x16x16, gfx950 16x16x32, gfx1250 WMMA 16x16x32.
 MMA_K = {"mfma": 16, "wmma": 32}
-ARCH_MMA_K = {"gfx942": 16, "gfx950": 32, "gfx1250": 32}
 
 
 # --- FlyDSL's MMA atoms: what each lane's registers hold ---------------------------------
@@ -233,12 +232,11 @@ EMULATED = [
 def test_emulated_work_groups_match_torch(arch, tile, split_k, m, n, k, dtype, out_dtype, with_bias) -> None:  # fmt: skip
     """(a) bit-exact against torch on small integers (every fp32 sum is exact), every element
     written once; (b) no LDS race: within a phase no byte one wave writes is touched by another."""
-    mma = ARCH_FLAVOUR[arch]
     gen = torch.Generator().manual_seed(m * 1000 + n + k + split_k)
     a = torch.randint(-3, 4, (m, k), generator=gen).to(dtype)
     b = torch.randint(-3, 4, (n, k), generator=gen).to(dtype)
     bias = torch.randint(-8, 9, (n,), generator=gen).to(out_dtype) if with_bias else None
-    run = emulate_a16w16(a, b, bias, out_dtype, g.GemmTile(*tile), split_k, mma, ARCH_MMA_K[arch])
+    run = emulate_a16w16(a, b, bias, out_dtype, g.GemmTile(*tile), split_k, arch)
 
     expected = a.float() @ b.float().T
     if bias is not None:
@@ -254,15 +252,15 @@ def test_emulated_work_groups_match_torch(arch, tile, split_k, m, n, k, dtype, o
 EXPECTED_CONFLICTS = {"A write": 0, "A read": 0}
 
 
-@pytest.mark.parametrize("mma", ["mfma", "wmma"])
+@pytest.mark.parametrize("arch", ["gfx950", "gfx1250"])
 @pytest.mark.parametrize("tile_k", [32, 64])
-def test_swizzle_leaves_operand_traffic_free_of_bank_conflicts(mma: str, tile_k: int) -> None:
+def test_swizzle_leaves_operand_traffic_free_of_bank_conflicts(arch: str, tile_k: int) -> None:
     """(c) The A stage's writes and the MMA operand reads take one LDS cycle per eight lanes;
     the epilogue's staging (once per tile, not per k-tile) is counted and bounded at twice
     the ideal (its 16-byte reads of two 64-byte rows share banks: 2 cycles per 8 lanes)."""
     a = torch.ones(128, tile_k * 2, dtype=torch.bfloat16)
     b = torch.ones(128, tile_k * 2, dtype=torch.bfloat16)
-    run = emulate_a16w16(a, b, None, torch.bfloat16, g.GemmTile(128, 128, tile_k), 1, mma, 32)
+    run = emulate_a16w16(a, b, None, torch.bfloat16, g.GemmTile(128, 128, tile_k), 1, arch)
     summary = conflict_summary(run.stats)
     print(summary)
     for kind, extra in EXPECTED_CONFLICTS.items():

@@ -132,6 +132,207 @@ def _mma(acc, a_runs, b_runs, mma: str, mma_k: int):
                 acc[lane][e] += float(c_tile[r, col])
 
 
+def round_to(value: float, dtype) -> float:
+    """value rounded to dtype (through fp32, as the kernels convert)."""
+    return float(torch.tensor(value, dtype=torch.float32).to(dtype).double())
+
+
+def mma_k_of(arch: str, elem_bytes: int) -> int:
+    """K of the MMA instruction the kernels use on an arch for an operand width."""
+    if elem_bytes == 1:
+        return {"gfx942": 32, "gfx950": 32, "gfx1250": 64}[arch]
+    return {"gfx942": 16, "gfx950": 32, "gfx1250": 32}[arch]
+
+
+class WorkGroup:
+    """One work-group of a kernel built on the shared main loop, emulated thread by thread.
+
+    a_flat/b_flat: the operands' elements (float64, flattened). a_rows(r) -> info and
+    a_chunk(info, kk) -> (element of a_flat, valid) are the kernel Pipeline's hooks (by
+    default a row-major matrix: info = (start of row r, whether it exists)). B is row-major
+    [N, K] from element b_base, or preshuffled (b_shuffled); b_rows rows of it exist.
+    """
+
+    def __init__(self, *, mma, arch, tile, elem_bytes, a_flat, a_rows, b_flat, b_base, b_rows,
+                 b_shuffled, k, origin, lds_bytes, a_chunk=None, k_tail=False):  # fmt: skip
+        self.mma, self.tile, self.eb, self.k = mma, tile, elem_bytes, k
+        self.mma_k = mma_k_of(arch, elem_bytes)
+        self.wsz = mx.WAVE_SIZE[mma]
+        self.nthreads = mx.threads(mma)
+        self.reps_m, self.reps_n = mx.mma_repeats(tile.tile_m, tile.tile_n)
+        self.blocks = tile.tile_k // mx.k_block(elem_bytes)
+        self.cpr = mx.chunks_per_row(tile.tile_k, elem_bytes)
+        self.passes = mx.a_copy_passes(tile.tile_m, tile.tile_k, elem_bytes, mma)
+        self.stage_chunks = mx.a_stage_chunks(tile.tile_m, tile.tile_k, elem_bytes)
+        self.per_chunk = mx.CHUNK_BYTES // elem_bytes
+        self.pieces = mx.operand_chunks(mma)
+        self.a_flat, self.a_rows = a_flat, a_rows
+        self.a_chunk = a_chunk or (lambda info, kk: (info[0] + kk, info[1]))
+        self.k_tail = k_tail
+        self.b_flat, self.b_base, self.b_rows, self.b_shuffled = b_flat, b_base, b_rows, b_shuffled
+        self.origin_m, self.origin_n = origin
+        self.lds = Lds(lds_bytes)
+        rows_per_lane = mx.acc_rows_per_lane(mma)
+        self.zero = lambda count: [[[0.0] * rows_per_lane for _ in range(self.wsz)]
+                                   for _ in range(count)]  # fmt: skip
+
+    # the main loop, step by step as mainloop.py issues it ------------------------------
+
+    def load_k_tile(self, kb0, kb_end):
+        k0 = kb0 * mx.k_block(self.eb)
+        a_copy = []
+        for tid in range(self.nthreads):
+            runs = []
+            for p in range(self.passes):
+                q = mx.a_copy_chunk(tid, p, self.mma)
+                row, chunk = mx.a_copy_coord(q, self.cpr)
+                kk = k0 + chunk * self.per_chunk
+                element, valid = self.a_chunk(self.a_rows(row), kk)
+                valid = valid and q < self.stage_chunks
+                valid = valid and mx.chunk_k_block(kb0, chunk) < kb_end
+                valid = valid and (not self.k_tail or kk < self.k)
+                runs.append(_buffer_load(self.a_flat, 0, len(self.a_flat), valid, element,
+                                         self.per_chunk))  # fmt: skip
+            a_copy.append(runs)
+        b_runs = []
+        for tid in range(self.nthreads):
+            lane, wave = tid % self.wsz, tid // self.wsz
+            runs = []
+            for j in range(self.reps_n):
+                row = mx.wave_col0(wave, self.tile.tile_n) + mx.operand_row(j, lane)
+                for kb in range(self.blocks):
+                    valid = row < self.b_rows and kb0 + kb < kb_end
+                    for piece in range(self.pieces):
+                        chunk = mx.operand_chunk(kb, lane, piece, self.mma)
+                        kk = k0 + chunk * self.per_chunk
+                        if self.b_shuffled:
+                            element = mx.shuffled_element(row, kk, self.k)
+                        else:
+                            element = row * self.k + kk
+                        chunk_valid = valid and (not self.k_tail or kk < self.k)
+                        limit = self.b_rows * self.k
+                        runs.append(_buffer_load(self.b_flat, self.b_base, limit, chunk_valid,
+                                                 element, self.per_chunk))  # fmt: skip
+            b_runs.append(runs)
+        return a_copy, b_runs
+
+    def store_a(self, a_copy):
+        tm, tk = self.tile.tile_m, self.tile.tile_k
+        for p in range(self.passes):
+            for wave in range(mx.WAVES_PER_BLOCK):
+                lane_bytes = []
+                for lane in range(self.wsz):
+                    q = mx.a_copy_chunk(wave * self.wsz + lane, p, self.mma)
+                    real, slot, idle = mx.a_copy_slot_byte(q, tm, tk, self.eb)
+                    byte = slot if real else idle
+                    lane_bytes.append(byte)
+                    self.lds.store(wave, byte, a_copy[wave * self.wsz + lane][p], self.eb)
+                self.lds.instruction("A write", wave, lane_bytes, mx.CHUNK_BYTES)
+
+    def _a_runs(self, wave, rep, kb):
+        a_runs = []
+        for piece in range(self.pieces):
+            lane_bytes = []
+            for lane in range(self.wsz):
+                row = mx.operand_row(rep, lane)
+                chunk = mx.operand_chunk(kb, lane, piece, self.mma)
+                lane_bytes.append(mx.a_lds_byte(row, chunk, self.cpr))
+            self.lds.instruction("A read", wave, lane_bytes, mx.CHUNK_BYTES)
+            for lane, byte in enumerate(lane_bytes):
+                values = self.lds.load(byte, self.per_chunk, self.eb)
+                if piece == 0:
+                    a_runs.append(values)
+                else:
+                    a_runs[lane] = a_runs[lane] + values
+        return a_runs
+
+    def _b_lanes(self, b_runs, wave, rep, kb):
+        first = (rep * self.blocks + kb) * self.pieces
+        return [
+            sum((b_runs[wave * self.wsz + lane][first + p] for p in range(self.pieces)), [])
+            for lane in range(self.wsz)
+        ]
+
+    def mma_k_tile_rep(self, b_runs, wave, rep, tiles):
+        for kb in range(self.blocks):
+            a_runs = self._a_runs(wave, rep, kb)
+            for j in range(self.reps_n):
+                _mma(tiles[j], a_runs, self._b_lanes(b_runs, wave, j, kb), self.mma, self.mma_k)
+
+    def mma_k_tile(self, b_runs, accs):
+        for wave in range(mx.WAVES_PER_BLOCK):
+            for kb in range(self.blocks):
+                for i in range(self.reps_m):
+                    a_runs = self._a_runs(wave, i, kb)
+                    for j in range(self.reps_n):
+                        _mma(accs[wave][i * self.reps_n + j], a_runs,
+                             self._b_lanes(b_runs, wave, j, kb), self.mma, self.mma_k)  # fmt: skip
+
+    def main_loop(self, kb_begin, kb_end, k_tile=None, on_store=None):
+        """The kernel's loop: prologue load, then per k-tile barrier, A to LDS, barrier, next
+        loads, MMAs; `k_tile(wg, b_runs, accs, t)` replaces the plain MMAs (blockscale) and
+        `on_store(wg, t)` stages what the kernel stores beside A."""
+        accs = [self.zero(self.reps_m * self.reps_n) for _ in range(mx.WAVES_PER_BLOCK)]
+        tiles = mx.k_tiles(kb_begin, kb_end, self.blocks)
+        step = k_tile or (lambda wg, b_runs, accs, t: wg.mma_k_tile(b_runs, accs))
+        a_copy, b_next = self.load_k_tile(kb_begin, kb_end)
+        for t in range(1, tiles):
+            b_cur = b_next
+            self.lds.barrier()
+            self.store_a(a_copy)
+            if on_store:
+                on_store(self, t - 1)
+            self.lds.barrier()
+            a_copy, b_next = self.load_k_tile(kb_begin + t * self.blocks, kb_end)
+            step(self, b_cur, accs, t - 1)
+        self.lds.barrier()
+        self.store_a(a_copy)
+        if on_store:
+            on_store(self, tiles - 1)
+        self.lds.barrier()
+        step(self, b_next, accs, tiles - 1)
+        self.lds.barrier()
+        return accs
+
+    # the epilogue --------------------------------------------------------------------
+
+    def stage_and_store(self, accs, value_fn, staged_dtype, store):
+        """Per A repeat: each wave stages its 16 rows (value_fn(wave, i, j, lane, e, acc) ->
+        fp32, then cast to staged_dtype), reads them back as 16-byte runs and calls
+        store(row, col, values) with block-relative coordinates."""
+        tn = self.tile.tile_n
+        ob = torch.empty((), dtype=staged_dtype).element_size()
+        vec = mx.CHUNK_BYTES // ob
+        for wave in range(mx.WAVES_PER_BLOCK):
+            col0 = mx.wave_col0(wave, tn)
+            for i in range(self.reps_m):
+                for j in range(self.reps_n):
+                    for e in range(mx.acc_rows_per_lane(self.mma)):
+                        lane_bytes = []
+                        for lane in range(self.wsz):
+                            byte = mx.out_write_byte(wave, j, lane, e, tn, ob, self.mma)
+                            acc = accs[wave][i * self.reps_n + j][lane][e]
+                            value = value_fn(wave, i, j, lane, e, round_to(acc, torch.float32))
+                            self.lds.store(wave, byte, [round_to(value, staged_dtype)], ob)
+                            lane_bytes.append(byte)
+                        self.lds.instruction("C write", wave, lane_bytes, ob)
+                for store_pass in range(mx.out_store_passes(tn, ob, self.mma)):
+                    lane_bytes = []
+                    for lane in range(self.wsz):
+                        row16, col, real = mx.out_read_coord(store_pass, lane, tn, ob, self.mma)
+                        byte = mx.out_read_byte(wave, row16, col, tn, ob)
+                        lane_bytes.append(byte if real else None)
+                        if real:
+                            store(i * 16 + row16, col0 + col, self.lds.load(byte, vec, ob))
+                    self.lds.instruction("C read", wave, lane_bytes, mx.CHUNK_BYTES)
+
+    def lane_col(self, wave, j, lane):
+        return mx.wave_col0(wave, self.tile.tile_n) + j * 16 + mx.acc_col(lane)
+
+    def lane_row(self, i, lane, e):
+        return i * 16 + mx.acc_row(lane, e, self.mma)
+
+
 @dataclass
 class Emulation:
     out: torch.Tensor
@@ -141,17 +342,25 @@ class Emulation:
     stats: dict[str, AccessStats]
 
 
-def emulate_a16w16(a, b, bias, out_dtype, tile, split_k: int, mma: str, mma_k: int) -> Emulation:
+def _merge(stats, races, wg: WorkGroup) -> None:
+    races += wg.lds.races
+    for kind, s in wg.lds.stats.items():
+        stats[kind].instructions += s.instructions
+        stats[kind].cycles += s.cycles
+        stats[kind].ideal_cycles += s.ideal_cycles
+
+
+def emulate_a16w16(a, b, bias, out_dtype, tile, split_k: int, arch: str) -> Emulation:
     """The a16w16 GEMM (main kernel, then the reduction when split_k > 1), every work-group
     emulated thread by thread and phase by phase."""
     m, k = a.shape
     n = b.shape[0]
     eb = a.element_size()
+    mma = "wmma" if arch == "gfx1250" else "mfma"
     tm, tn = tile.tile_m, tile.tile_n
     af, bf = a.double().reshape(-1), b.double().reshape(-1)
-    ws_dtype = torch.float32
-    dst_dtype = out_dtype if split_k == 1 else ws_dtype
-    ob = torch.empty((), dtype=dst_dtype).element_size()
+    staged_dtype = out_dtype if split_k == 1 else torch.float32
+    ob = torch.empty((), dtype=staged_dtype).element_size()
     dst = torch.zeros((split_k * m * n) if split_k > 1 else (m * n), dtype=torch.float64)
     dst_writes = torch.zeros_like(dst, dtype=torch.int32)
     gx, gy, gz = mx.grid_size(m, n, tm, tn, split_k)
@@ -160,186 +369,45 @@ def emulate_a16w16(a, b, bias, out_dtype, tile, split_k: int, mma: str, mma_k: i
     for split in range(gz):
         for bid_m in range(gy):
             for bid_n in range(gx):
-                lds = _work_group(
-                    af, bf, bias, dst, dst_writes, (bid_m, bid_n, split), (m, n, k), tile,
-                    split_k, mma, mma_k, eb, dst_dtype, ob,
+                origin_m, origin_n = mx.block_origin(bid_m, bid_n, tm, tn)
+                wg = WorkGroup(
+                    mma=mma, arch=arch, tile=tile, elem_bytes=eb, a_flat=af,
+                    a_rows=lambda r, o=origin_m: ((o + r) * k, r < m - o),
+                    b_flat=bf, b_base=origin_n * k, b_rows=n - origin_n, b_shuffled=False, k=k,
+                    origin=(origin_m, origin_n), lds_bytes=mx.lds_bytes(tm, tn, tile.tile_k, eb,
+                                                                        ob, mma),
                 )  # fmt: skip
-                races += lds.races
-                for kind, s in lds.stats.items():
-                    stats[kind].instructions += s.instructions
-                    stats[kind].cycles += s.cycles
-                    stats[kind].ideal_cycles += s.ideal_cycles
-    if split_k == 1:
-        return Emulation(dst.view(m, n).to(out_dtype), dst_writes.view(m, n), None, races, stats)
-    out = dst.view(split_k, m, n).to(ws_dtype).double().sum(0)
-    if bias is not None:
-        out = out + bias.double()
-    out = out.to(ws_dtype).to(out_dtype)
-    return Emulation(out, torch.ones(m, n, dtype=torch.int32), dst_writes.view(split_k, m, n),
-                     races, stats)  # fmt: skip
+                kb_begin, kb_end = mx.split_k_range(split, k // mx.k_block(eb), split_k)
+                accs = wg.main_loop(kb_begin, kb_end)
 
+                def value_fn(wave, i, j, lane, e, acc, wg=wg, origin_n=origin_n):
+                    col = origin_n + wg.lane_col(wave, j, lane)
+                    if bias is not None and split_k == 1:
+                        lane_bias = float(bias[col]) if col < n else 0.0
+                        return round_to(acc + lane_bias, torch.float32)
+                    return acc
 
-def _work_group(af, bf, bias, dst, dst_writes, bid, shape, tile, split_k, mma, mma_k, eb,
-                dst_dtype, ob) -> Lds:  # fmt: skip
-    bid_m, bid_n, split = bid
-    m, n, k = shape
-    tm, tn, tk = tile.tile_m, tile.tile_n, tile.tile_k
-    wsz = mx.WAVE_SIZE[mma]
-    nthreads = mx.threads(mma)
-    reps_m, reps_n = mx.mma_repeats(tm, tn)
-    blocks = tk // mx.k_block(eb)
-    cpr = mx.chunks_per_row(tk, eb)
-    passes = mx.a_copy_passes(tm, tk, eb, mma)
-    stage_chunks = mx.a_stage_chunks(tm, tk, eb)
-    per_chunk = mx.CHUNK_BYTES // eb
-    pieces = mx.operand_chunks(mma)
-    origin_m, origin_n = mx.block_origin(bid_m, bid_n, tm, tn)
-    rows_m, rows_n = m - origin_m, n - origin_n
-    a_base, b_base = origin_m * k, origin_n * k
-    a_limit, b_limit = max(rows_m, 0) * k, max(rows_n, 0) * k
-    lds = Lds(mx.lds_bytes(tm, tn, tk, eb, ob, mma))
-    kb_begin, kb_end = mx.split_k_range(split, k // mx.k_block(eb), split_k)
-    tiles = mx.k_tiles(kb_begin, kb_end, blocks)
-
-    def load_k_tile(kb0):
-        k0 = kb0 * mx.k_block(eb)
-        a_copy = []
-        for tid in range(nthreads):
-            runs = []
-            for p in range(passes):
-                q = mx.a_copy_chunk(tid, p, mma)
-                row, chunk = mx.a_copy_coord(q, cpr)
-                valid = row < rows_m and mx.chunk_k_block(kb0, chunk) < kb_end and q < stage_chunks
-                element = mx.a_global_element(row, chunk, k, k0, eb)
-                runs.append(_buffer_load(af, a_base, a_limit, valid, element, per_chunk))
-            a_copy.append(runs)
-        b_runs = []
-        for tid in range(nthreads):
-            lane, wave = tid % wsz, tid // wsz
-            runs = []
-            for j in range(reps_n):
-                row = mx.wave_col0(wave, tn) + mx.operand_row(j, lane)
-                for kb in range(blocks):
-                    valid = row < rows_n and kb0 + kb < kb_end
-                    for piece in range(pieces):
-                        chunk = mx.operand_chunk(kb, lane, piece, mma)
-                        element = mx.b_global_element(row, chunk, k, k0, eb)
-                        runs.append(_buffer_load(bf, b_base, b_limit, valid, element, per_chunk))
-            b_runs.append(runs)
-        return a_copy, b_runs
-
-    def store_a(a_copy):
-        for p in range(passes):
-            for wave in range(mx.WAVES_PER_BLOCK):
-                lane_bytes = []
-                for lane in range(wsz):
-                    q = mx.a_copy_chunk(wave * wsz + lane, p, mma)
-                    real, slot, idle = mx.a_copy_slot_byte(q, tm, tk, eb)
-                    byte = slot if real else idle
-                    lane_bytes.append(byte)
-                    lds.store(wave, byte, a_copy[wave * wsz + lane][p], eb)
-                lds.instruction("A write", wave, lane_bytes, mx.CHUNK_BYTES)
-
-    def mma_k_tile(b_runs, accs):
-        for wave in range(mx.WAVES_PER_BLOCK):
-            for kb in range(blocks):
-                for i in range(reps_m):
-                    a_runs = []
-                    for piece in range(pieces):
-                        lane_bytes = []
-                        for lane in range(wsz):
-                            row = mx.operand_row(i, lane)
-                            chunk = mx.operand_chunk(kb, lane, piece, mma)
-                            lane_bytes.append(mx.a_lds_byte(row, chunk, cpr))
-                        lds.instruction("A read", wave, lane_bytes, mx.CHUNK_BYTES)
-                        for lane, byte in enumerate(lane_bytes):
-                            values = lds.load(byte, per_chunk, eb)
-                            if piece == 0:
-                                a_runs.append(values)
-                            else:
-                                a_runs[lane] = a_runs[lane] + values
-                    for j in range(reps_n):
-                        first = (j * blocks + kb) * pieces
-                        b_lane = [
-                            sum((b_runs[wave * wsz + lane][first + p] for p in range(pieces)), [])
-                            for lane in range(wsz)
-                        ]
-                        _mma(accs[wave][i * reps_n + j], a_runs, b_lane, mma, mma_k)
-
-    rows_per_lane = mx.acc_rows_per_lane(mma)
-    accs = [
-        [[[0.0] * rows_per_lane for _ in range(wsz)] for _ in range(reps_m * reps_n)]
-        for _ in range(mx.WAVES_PER_BLOCK)
-    ]
-    a_copy, b_next = load_k_tile(kb_begin)
-    for t in range(1, tiles):
-        b_cur = b_next
-        lds.barrier()
-        store_a(a_copy)
-        lds.barrier()
-        a_copy, b_next = load_k_tile(kb_begin + t * blocks)
-        mma_k_tile(b_cur, accs)
-    lds.barrier()
-    store_a(a_copy)
-    lds.barrier()
-    mma_k_tile(b_next, accs)
-    lds.barrier()
-    _epilogue(lds, accs, bias, dst, dst_writes, (origin_m, origin_n, split), (m, n), tile,
-              split_k, mma, dst_dtype, ob)  # fmt: skip
-    lds.barrier()
-    return lds
-
-
-def _round_to(value: float, dtype) -> float:
-    return float(torch.tensor(value, dtype=torch.float32).to(dtype).double())
-
-
-def _epilogue(lds, accs, bias, dst, dst_writes, origin, shape, tile, split_k, mma, dst_dtype, ob):
-    origin_m, origin_n, split = origin
-    m, n = shape
-    tn = tile.tile_n
-    wsz = mx.WAVE_SIZE[mma]
-    reps_m, reps_n = mx.mma_repeats(tile.tile_m, tn)
-    vec = mx.CHUNK_BYTES // ob
-    for wave in range(mx.WAVES_PER_BLOCK):
-        col0 = mx.wave_col0(wave, tn)
-        lane_bias = []
-        for j in range(reps_n):
-            cols = [origin_n + col0 + j * 16 + mx.acc_col(lane) for lane in range(wsz)]
-            lane_bias.append([float(bias[c]) if bias is not None and c < n else 0.0 for c in cols])
-        for i in range(reps_m):
-            for j in range(reps_n):
-                for e in range(mx.acc_rows_per_lane(mma)):
-                    lane_bytes = []
-                    for lane in range(wsz):
-                        byte = mx.out_write_byte(wave, j, lane, e, tn, ob, mma)
-                        value = accs[wave][i * reps_n + j][lane][e]
-                        value = _round_to(value, torch.float32)
-                        if bias is not None and split_k == 1:
-                            value = _round_to(value + lane_bias[j][lane], torch.float32)
-                        lds.store(wave, byte, [_round_to(value, dst_dtype)], ob)
-                        lane_bytes.append(byte)
-                    lds.instruction("C write", wave, lane_bytes, ob)
-            for store_pass in range(mx.out_store_passes(tn, ob, mma)):
-                lane_bytes = []
-                for lane in range(wsz):
-                    row16, col, real = mx.out_read_coord(store_pass, lane, tn, ob, mma)
-                    byte = mx.out_read_byte(wave, row16, col, tn, ob)
-                    lane_bytes.append(byte if real else None)
-                    if not real:
-                        continue
-                    values = lds.load(byte, vec, ob)
-                    row = origin_m + i * 16 + row16
-                    col = origin_n + col0 + col
-                    for e in range(vec):
+                def store(row, col, values, origin_m=origin_m, origin_n=origin_n, split=split):
+                    row, col = origin_m + row, origin_n + col
+                    for e, value in enumerate(values):
                         if row < m and col + e < n:
                             if split_k > 1:
                                 off = mx.workspace_offset(split, row, col + e, m, n)
                             else:
                                 off = mx.c_offset(row, col + e, n)
-                            dst[off] = values[e]
+                            dst[off] = value
                             dst_writes[off] += 1
-                lds.instruction("C read", wave, lane_bytes, mx.CHUNK_BYTES)
+
+                wg.stage_and_store(accs, value_fn, staged_dtype, store)
+                _merge(stats, races, wg)
+    if split_k == 1:
+        return Emulation(dst.view(m, n).to(out_dtype), dst_writes.view(m, n), None, races, stats)
+    out = dst.view(split_k, m, n).to(torch.float32).double().sum(0)
+    if bias is not None:
+        out = out + bias.double()
+    out = out.to(torch.float32).to(out_dtype)
+    return Emulation(out, torch.ones(m, n, dtype=torch.int32), dst_writes.view(split_k, m, n),
+                     races, stats)  # fmt: skip
 
 
 def conflict_summary(stats: dict[str, AccessStats]) -> dict[str, str]:

@@ -54,31 +54,45 @@ def buffer_rows(ptr, first_row, rows_left, row_elems, elem_bytes: int):
 
 
 def load_chunk(buf, valid, element, dtype, elem_bytes: int):
-    """16 bytes at `element` of a buffer, or zeros where not `valid`."""
-    offset = valid.select(fx.Int32(element), fx.Int32(mx.OUT_OF_RANGE // elem_bytes))
-    vec = fx.Vector.make_type(mx.CHUNK_BYTES // elem_bytes, dtype)
-    return fx.ptr_load(buf + offset, result_type=vec)
+    """16 bytes at `element` of a buffer, or zeros where not `valid`.
+
+    Issued as a raw buffer load of four dwords: LLVM cannot split a 16 x i8 load, and a
+    buffer pointer of 1-byte alignment cannot be recast to dwords."""
+    byte = valid.select(fx.Int32(element) * elem_bytes, fx.Int32(mx.OUT_OF_RANGE))
+    words_ty = fx.Vector.make_type(4, fx.Int32)
+    words = rocdl.raw_ptr_buffer_load(words_ty, rocdl.get_buffer_rsrc(buf), byte, fx.Int32(0), 0)
+    return fx.Vector(words).bitcast(dtype)
 
 
 class Pipeline:
-    """Everything the main loop's helpers read: compile-time shape and runtime bases.
+    """Everything the main loop's helpers read: the compile-time shape, the thread's place, and
+    the operands' buffers and rows. Built once before the loop; the helpers only read it.
 
-    Built once before the loop; the helpers only read it.
+    A's source, by default a row-major [M, K] matrix from the block's first row. A kernel that
+    gathers A passes `a_rows(r) -> info` (what it needs of block row r, computed once per
+    thread, e.g. a token's row start and whether it exists) and `a_chunk(info, kk) ->
+    (element, valid)` (the element of A's buffer holding K index kk of that row; an implicit
+    GEMM computes a tap address there), with `a_buffer` the buffer pointer they index.
+    B: row-major [N, K] from the block's first row, or preshuffled ([N / 16, K / 16, 16, 16],
+    b_shuffled). k_tail: K is not a multiple of the k-block, so chunks past K load zeros.
     """
 
-    def __init__(self, mma: str, tile_m: int, tile_n: int, tile_k: int, a, b, m, n, k, lds):
+    def __init__(self, mma: str, tile_m: int, tile_n: int, tile_k: int, a, b, m, n, k, lds,
+                 *, b_shuffled: bool = False, k_tail: bool = False, a_rows=None, a_chunk=None,
+                 a_buffer=None, b_buffer=None, b_rows_left=None):  # fmt: skip
         self.mma = mma
-        self.mma_k = mma_k(mma)
         self.dtype = a.dtype
         self.elem_bytes = element_bytes(a.dtype)
+        self.mma_k = mma_k(mma) if self.elem_bytes == 2 else 32
         self.tile_m, self.tile_n, self.tile_k = tile_m, tile_n, tile_k
         self.reps_m, self.reps_n = mx.mma_repeats(tile_m, tile_n)
         self.blocks = tile_k // mx.k_block(self.elem_bytes)
         self.cpr = mx.chunks_per_row(tile_k, self.elem_bytes)
         self.passes = mx.a_copy_passes(tile_m, tile_k, self.elem_bytes, mma)
-        self.idle_threads = self.passes * mx.threads(mma) > mx.a_stage_chunks(
-            tile_m, tile_k, self.elem_bytes
-        )
+        self.stage_chunks = mx.a_stage_chunks(tile_m, tile_k, self.elem_bytes)
+        self.idle_threads = self.passes * mx.threads(mma) > self.stage_chunks
+        self.b_shuffled = b_shuffled
+        self.k_tail = k_tail
         self.k = k
         tid = fx.thread_idx.x
         self.tid = tid
@@ -88,17 +102,33 @@ class Pipeline:
             fx.block_idx.y, fx.block_idx.x, tile_m, tile_n
         )
         self.rows_m = m - self.origin_m
-        self.rows_n = n - self.origin_n
-        self.a_buf = buffer_rows(fx.get_iter(a), self.origin_m, self.rows_m, k, self.elem_bytes)
-        self.b_buf = buffer_rows(fx.get_iter(b), self.origin_n, self.rows_n, k, self.elem_bytes)
+        self.rows_n = n - self.origin_n if b_rows_left is None else b_rows_left
+        if a_rows is None:
+            self.a_buf = buffer_rows(fx.get_iter(a), self.origin_m, self.rows_m, k, self.elem_bytes)
+            a_rows = lambda r: (r * k, r < self.rows_m)  # noqa: E731
+            a_chunk = lambda info, kk: (info[0] + kk, info[1])  # noqa: E731
+        else:
+            self.a_buf = a_buffer
+        self.a_chunk = a_chunk
+        # What this thread needs of the rows it copies, once: the same for every k-tile.
+        self.copy_rows = []
+        for copy_pass in range_constexpr(self.passes):
+            q = mx.a_copy_chunk(tid, copy_pass, mma)
+            row, chunk = mx.a_copy_coord(q, self.cpr)
+            self.copy_rows.append((a_rows(row), chunk, q < self.stage_chunks))
+        if b_buffer is None:
+            b_buffer = buffer_rows(fx.get_iter(b), self.origin_n, self.rows_n, k, self.elem_bytes)
+        self.b_buf = b_buffer
         self.b_row0 = mx.wave_col0(self.wave, tile_n)
         self.lds_a = fx.recast_iter(a.dtype, lds)
 
 
-def allocate_lds(tile_m: int, tile_n: int, tile_k: int, in_dtype, out_bytes: int, mma: str):
-    """The block's LDS: the A stage, reused by the epilogue."""
+def allocate_lds(allocator, tile_m: int, tile_n: int, tile_k: int, in_dtype, out_bytes: int,
+                 mma: str):  # fmt: skip
+    """The block's LDS from the kernel's one SharedAllocator: the A stage, reused by the
+    epilogue."""
     nbytes = mx.lds_bytes(tile_m, tile_n, tile_k, element_bytes(in_dtype), out_bytes, mma)
-    storage = fx.SharedAllocator().allocate(fx.Array[fx.Uint8, nbytes, mx.CHUNK_BYTES])
+    storage = allocator.allocate(fx.Array[fx.Uint8, nbytes, mx.CHUNK_BYTES])
     return storage.peek().ptr
 
 
@@ -107,14 +137,16 @@ def load_k_tile(p: Pipeline, kb0, kb_end):
     A (for LDS) and this lane's B runs. Returns (a_copy, b_runs)."""
     kb_elems = mx.k_block(p.elem_bytes)
     k0 = kb0 * kb_elems
+    per_chunk = mx.CHUNK_BYTES // p.elem_bytes
     a_copy = []
-    for copy_pass in range_constexpr(p.passes):
-        q = mx.a_copy_chunk(p.tid, copy_pass, p.mma)
-        row, chunk = mx.a_copy_coord(q, p.cpr)
-        valid = (row < p.rows_m) & (mx.chunk_k_block(kb0, chunk) < kb_end)
+    for info, chunk, real in p.copy_rows:
+        kk = k0 + chunk * per_chunk
+        element, valid = p.a_chunk(info, kk)
+        valid = valid & (mx.chunk_k_block(kb0, chunk) < kb_end)
         if const_expr(p.idle_threads):
-            valid = valid & (q < mx.a_stage_chunks(p.tile_m, p.tile_k, p.elem_bytes))
-        element = mx.a_global_element(row, chunk, p.k, k0, p.elem_bytes)
+            valid = valid & real
+        if const_expr(p.k_tail):
+            valid = valid & (kk < p.k)
         a_copy.append(load_chunk(p.a_buf, valid, element, p.dtype, p.elem_bytes))
     b_runs = []
     pieces = mx.operand_chunks(p.mma)
@@ -125,8 +157,13 @@ def load_k_tile(p: Pipeline, kb0, kb_end):
             valid = row_valid & (kb0 + kb < kb_end)
             for piece in range_constexpr(pieces):
                 chunk = mx.operand_chunk(kb, p.lane, piece, p.mma)
-                element = mx.b_global_element(row, chunk, p.k, k0, p.elem_bytes)
-                b_runs.append(load_chunk(p.b_buf, valid, element, p.dtype, p.elem_bytes))
+                kk = k0 + chunk * per_chunk
+                if const_expr(p.b_shuffled):
+                    element = mx.shuffled_element(row, kk, p.k)
+                else:
+                    element = row * p.k + kk
+                chunk_valid = valid & (kk < p.k) if const_expr(p.k_tail) else valid
+                b_runs.append(load_chunk(p.b_buf, chunk_valid, element, p.dtype, p.elem_bytes))
     return a_copy, b_runs
 
 
@@ -149,22 +186,27 @@ def _a_operand(p: Pipeline, rep: int, kb: int):
         chunk = mx.operand_chunk(kb, p.lane, piece, p.mma)
         byte = mx.a_lds_byte(row, chunk, p.cpr)
         pieces.append(fx.ptr_load(p.lds_a + byte // p.elem_bytes, result_type=vec))
+    return _join(pieces, p.elem_bytes)
+
+
+def _join(pieces, elem_bytes: int):
     if const_expr(len(pieces) == 1):
         return pieces[0]
-    return pieces[0].shuffle(pieces[1], list(range(2 * (mx.CHUNK_BYTES // p.elem_bytes))))
+    return pieces[0].shuffle(pieces[1], list(range(2 * (mx.CHUNK_BYTES // elem_bytes))))
 
 
 def _b_operand(p: Pipeline, b_runs, rep: int, kb: int):
     pieces = mx.operand_chunks(p.mma)
     first = (rep * p.blocks + kb) * pieces
-    if const_expr(pieces == 1):
-        return b_runs[first]
-    run = b_runs[first]
-    return run.shuffle(b_runs[first + 1], list(range(2 * (mx.CHUNK_BYTES // p.elem_bytes))))
+    return _join([b_runs[first + i] for i in range_constexpr(pieces)], p.elem_bytes)
 
 
 def _sub_vector(vec, start: int, length: int):
     return vec.shuffle(vec, [start + i for i in range(length)])
+
+
+def acc_dtype(p: Pipeline):
+    return fx.Int32 if const_expr(p.dtype == fx.Int8) else fx.Float32
 
 
 def mma_16bit(p: Pipeline, a_run, b_run, acc):
@@ -195,39 +237,89 @@ def mma_16bit(p: Pipeline, a_run, b_run, acc):
     return acc
 
 
+def mma_8bit(p: Pipeline, a_run, b_run, acc):
+    """acc += one k-block of a lane's 8-bit runs: two 16x16x32 MFMAs (fp8 or int8) on
+    gfx942/gfx950, one 16x16x64 WMMA on gfx1250."""
+    is_int = p.dtype == fx.Int8
+    if const_expr(p.mma == "wmma"):
+        acc_ty = fx.Vector.make_type(8, acc_dtype(p))
+        a32 = a_run.bitcast(fx.Int32).ir_value()
+        b32 = b_run.bitcast(fx.Int32).ir_value()
+        if const_expr(is_int):
+            op = rocdl.wmma_i32_16x16x64_iu8(
+                acc_ty, a32, b32, acc.ir_value(), signA=True, signB=True
+            )
+        else:
+            op = rocdl.wmma_f32_16x16x64_fp8_fp8(acc_ty, a32, b32, acc.ir_value())
+        return fx.Vector(op.result)
+    acc_ty = fx.Vector.make_type(4, acc_dtype(p))
+    a64 = a_run.bitcast(fx.Int64)
+    b64 = b_run.bitcast(fx.Int64)
+    for step in range_constexpr(2):
+        if const_expr(is_int):
+            res = rocdl.mfma_i32_16x16x32_i8(acc_ty, [a64[step], b64[step], acc])
+        else:
+            res = rocdl.mfma_f32_16x16x32_fp8_fp8(acc_ty, [a64[step], b64[step], acc])
+        acc = fx.Vector(res)
+    return acc
+
+
 def mma_k_tile(p: Pipeline, b_runs, accs):
     """Every MMA of one k-tile: A operands from the LDS stage, B from this lane's runs.
     accs[i * reps_n + j] is the tile of A repeat i and B repeat j."""
+    mma_fn = mma_16bit if const_expr(p.elem_bytes == 2) else mma_8bit
     accs = list(accs)
     for kb in range_constexpr(p.blocks):
         for i in range_constexpr(p.reps_m):
             a_run = _a_operand(p, i, kb)
             for j in range_constexpr(p.reps_n):
                 t = i * p.reps_n + j
-                accs[t] = mma_16bit(p, a_run, _b_operand(p, b_runs, j, kb), accs[t])
+                accs[t] = mma_fn(p, a_run, _b_operand(p, b_runs, j, kb), accs[t])
     return accs
 
 
-def zero_accs(p: Pipeline):
-    zero = fx.Vector.filled(mx.acc_rows_per_lane(p.mma), 0, fx.Float32)
-    return [zero for _ in range_constexpr(p.reps_m * p.reps_n)]
+def mma_k_tile_rep(p: Pipeline, b_runs, rep_m: int, tiles):
+    """The MMAs of one k-tile for A repeat rep_m only; tiles[j] accumulates B repeat j. A
+    kernel that scales each k-tile's partial (blockscale) keeps one repeat's partial live."""
+    mma_fn = mma_16bit if const_expr(p.elem_bytes == 2) else mma_8bit
+    tiles = list(tiles)
+    for kb in range_constexpr(p.blocks):
+        a_run = _a_operand(p, rep_m, kb)
+        for j in range_constexpr(p.reps_n):
+            tiles[j] = mma_fn(p, a_run, _b_operand(p, b_runs, j, kb), tiles[j])
+    return tiles
+
+
+def zero_accs(p: Pipeline, dtype=None, count=None):
+    zero = fx.Vector.filled(mx.acc_rows_per_lane(p.mma), 0, dtype or acc_dtype(p))
+    return [zero for _ in range_constexpr(count or p.reps_m * p.reps_n)]
 
 
 # --- the epilogue ----------------------------------------------------------------------------
 
 
-def stage_out_rows(p: Pipeline, accs, rep_m: int, out_ptr, out_dtype, bias_f32):
-    """Write the wave's 16 rows of C of A repeat rep_m (bias added, cast) into its staging
-    area; `bias_f32[j]` is the lane's bias for B repeat j, or None."""
+def stage_out_rows(p: Pipeline, tiles, out_ptr, out_dtype):
+    """Write the wave's 16 rows of C of one A repeat into its staging area, cast to out_dtype;
+    tiles[j] is the lane's fp32 accumulator vector of B repeat j (bias or scales applied)."""
     out_bytes = element_bytes(out_dtype)
     for j in range_constexpr(p.reps_n):
-        acc = accs[rep_m * p.reps_n + j]
-        if const_expr(bias_f32 is not None):
-            acc = acc + bias_f32[j]
-        vals = acc.to(out_dtype)
+        vals = tiles[j].to(out_dtype)
         for e in range_constexpr(mx.acc_rows_per_lane(p.mma)):
             byte = mx.out_write_byte(p.wave, j, p.lane, e, p.tile_n, out_bytes, p.mma)
             fx.ptr_store(vals[e], out_ptr + byte // out_bytes)
+
+
+def lane_rows(p: Pipeline, rep_m: int):
+    """Block-relative rows of C the lane's accumulator elements of A repeat rep_m hold."""
+    return [
+        rep_m * mx.MMA_MN + mx.acc_row(p.lane, e, p.mma)
+        for e in range_constexpr(mx.acc_rows_per_lane(p.mma))
+    ]
+
+
+def lane_col(p: Pipeline, rep_n: int):
+    """Block-relative column of C the lane's accumulators of B repeat rep_n hold."""
+    return p.b_row0 + rep_n * mx.MMA_MN + mx.acc_col(p.lane)
 
 
 def staged_runs(p: Pipeline, out_ptr, out_dtype):
@@ -244,13 +336,17 @@ def staged_runs(p: Pipeline, out_ptr, out_dtype):
     return runs
 
 
-def lane_bias(p: Pipeline, bias, n):
+def load_scalar(buf, valid, element, dtype):
+    """One element of a buffer, or zero where not `valid` (scalar buffer load)."""
+    offset = valid.select(fx.Int32(element), fx.Int32(mx.OUT_OF_RANGE // 4))
+    return fx.ptr_load(buf + offset, result_type=dtype)
+
+
+def lane_bias(p: Pipeline, bias):
     """This lane's bias per B repeat, in fp32 (a column past N reads zero)."""
     buf = buffer_rows(fx.get_iter(bias), p.origin_n, p.rows_n, 1, element_bytes(bias.dtype))
     values = []
     for j in range_constexpr(p.reps_n):
-        col = p.b_row0 + j * mx.MMA_MN + mx.acc_col(p.lane)
-        offset = (col < p.rows_n).select(fx.Int32(col), fx.Int32(mx.OUT_OF_RANGE // 4))
-        value = fx.ptr_load(buf + offset, result_type=bias.dtype)
-        values.append(value.to(fx.Float32))
+        col = lane_col(p, j)
+        values.append(load_scalar(buf, col < p.rows_n, col, bias.dtype).to(fx.Float32))
     return values

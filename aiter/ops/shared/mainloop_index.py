@@ -183,6 +183,13 @@ def b_global_element(row, chunk, k, k0, elem_bytes: int):
     return row * k + k0 + chunk * (CHUNK_BYTES // elem_bytes)
 
 
+def shuffled_element(row, kk, k):
+    """Element offset, from the block's first row, of W[row, kk..kk+16) in a weight
+    preshuffled as [N / 16, K / 16, 16, 16] (the block starts at a multiple of 16 rows)."""
+    group = (row // 16) * (k // 16) + kk // 16
+    return group * 256 + (row % 16) * 16 + kk % 16
+
+
 # --- the epilogue: accumulators -> LDS -> 16-byte stores -------------------------------------
 
 

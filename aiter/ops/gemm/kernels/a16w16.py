@@ -63,7 +63,9 @@ def gemm_a16w16_kernel(
     split = fx.block_idx.z
     out_dtype = c.dtype
     out_bytes = mainloop.element_bytes(out_dtype)
-    lds = mainloop.allocate_lds(tile_m, tile_n, tile_k, a.dtype, out_bytes, mma)
+    lds = mainloop.allocate_lds(
+        fx.SharedAllocator(), tile_m, tile_n, tile_k, a.dtype, out_bytes, mma
+    )
     p = mainloop.Pipeline(mma, tile_m, tile_n, tile_k, a, b, m, n, k, lds)
     kb_begin, kb_end = mx.split_k_range(split, k // K_BLOCK, split_k)
     tiles = mx.k_tiles(kb_begin, kb_end, p.blocks)
@@ -88,14 +90,16 @@ def gemm_a16w16_kernel(
     # Epilogue: 16 rows at a time through each wave's own LDS staging area, stored as
     # 16-byte runs along rows; runs that cross column N store element by element.
     out_lds = fx.recast_iter(out_dtype, lds)
-    bias_f32 = None
     if const_expr(has_bias):
-        bias_f32 = mainloop.lane_bias(p, bias, n)
+        bias_f32 = mainloop.lane_bias(p, bias)
     pc = fx.get_iter(c)
     vec = mx.CHUNK_BYTES // out_bytes
     fx.barrier()  # every wave is done reading the A stage the staging areas reuse
     for i in range_constexpr(p.reps_m):
-        mainloop.stage_out_rows(p, accs, i, out_lds, out_dtype, bias_f32)
+        tiles = [accs[i * p.reps_n + j] for j in range_constexpr(p.reps_n)]
+        if const_expr(has_bias):
+            tiles = [tiles[j] + bias_f32[j] for j in range_constexpr(p.reps_n)]
+        mainloop.stage_out_rows(p, tiles, out_lds, out_dtype)
         for values, row16, col, real in mainloop.staged_runs(p, out_lds, out_dtype):
             row = p.origin_m + i * mx.MMA_MN + row16
             col = p.origin_n + col

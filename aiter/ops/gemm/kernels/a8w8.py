@@ -12,51 +12,41 @@ import torch
 from flydsl.expr import const_expr, range_constexpr, rocdl
 
 from aiter.ops.shared import SOURCES_DIGEST as SHARED_HELPERS
-from aiter.ops.shared.gemm_blocks import (
-    Tile,
-    check_mma,
-    check_tile_and_split_k,
-    clamp,
-    coord,
-    load_run,
-    to_stream,
-    ws_offset,
-    zero_accs,
-)
+from aiter.ops.shared import mainloop
+from aiter.ops.shared import mainloop_index as mx
+from aiter.ops.shared.gemm_blocks import check_mma, check_tile_and_split_k, to_stream
 from aiter.ops.shared.gemm_index_8bit import (
-    K_BLOCK,
     K_BLOCKS_PER_SCALE_BLOCK,
     SCALE_BLOCK,
     SHUFFLE_K,
     SHUFFLE_N,
-    WAVE_SIZE,
-    WAVES_PER_BLOCK,
-    c_offset,
-    grid_size,
-    in_bounds,
     is_last_arrival,
-    k_loop_counts,
-    num_tiles,
     semaphore_slot,
-    split_k_range,
-    w_scale_offset,
-    x_scale_offset,
 )
 from aiter.ops.shared.kernel_tensors import kernel_tensors
-from aiter.ops.shared.mma_8bit import acc_dtype as _acc_dtype
-from aiter.ops.shared.mma_8bit import k_blocks as _k_blocks
 from aiter.ops.shared.tiles import GemmTile, tile_grid
 
 A8W8Tile = GemmTile  # the a8w8 kernels take the same tiles
+K_BLOCK = mx.k_block(1)
 
 
+def tile_problem(tile: A8W8Tile, mma: str) -> str | None:
+    """Why a tile does not fit the arch's LDS or registers, or None."""
+    return mx.budget_problem(tile.tile_m, tile.tile_n, tile.tile_k, 1, 4, mma)
+
+
+def _fitting(tiles: tuple[A8W8Tile, ...], mma: str) -> tuple[A8W8Tile, ...]:
+    return tuple(t for t in tiles if tile_problem(t, mma) is None)
+
+
+BPRESHUFFLE_CANDIDATES = tile_grid((16, 32, 64, 128, 256), (64, 128, 256), (64, 128))
 BPRESHUFFLE_TILES: dict[str, tuple[A8W8Tile, ...]] = {
-    "mfma": tile_grid((16, 32, 64, 128), (64, 128), (64, 128)),
-    "wmma": tile_grid((16, 32, 64, 128), (64, 128), (64, 128)),
+    mma: _fitting(BPRESHUFFLE_CANDIDATES, mma) for mma in ("mfma", "wmma")
 }
-# One scale block per main-loop iteration; there is no gfx1250 (WMMA) blockscale kernel.
+# One scale block per k-tile; there is no gfx1250 (WMMA) blockscale kernel.
+BLOCKSCALE_CANDIDATES = tile_grid((16, 32, 64, 128, 256), (64, 128), (SCALE_BLOCK,))
 BLOCKSCALE_TILES: dict[str, tuple[A8W8Tile, ...]] = {
-    "mfma": tile_grid((16, 32, 64, 128), (64, 128), (SCALE_BLOCK,)),
+    "mfma": _fitting(BLOCKSCALE_CANDIDATES, "mfma")
 }
 MMA_FLAVOURS = ("mfma", "wmma")
 BPRESHUFFLE_K_MULTIPLE = K_BLOCK
@@ -78,84 +68,122 @@ SEMAPHORE_DTYPE_DOC = (
 
 def semaphore_size(m: int, n: int, tile: A8W8Tile) -> int:
     """Entries of the split-K semaphore: one per output tile of the launch grid."""
-    return num_tiles(m, n, tile.tile_m, tile.tile_n)
+    grid_x, grid_y, _ = mx.grid_size(m, n, tile.tile_m, tile.tile_n, 1)
+    return grid_x * grid_y
 
 
 # --- kernel building blocks ----------------------------------------------------------------
 
-# Every lane loads its MMA operands straight from global memory (a contiguous K run of one XQ
-# row and of one WQ row per MMA repeat), so the main loops use no LDS and no barrier. Only the
-# split-K hand-off uses one LDS word and two block barriers. Helpers hold no dynamic `if` or
-# runtime loop: FlyDSL rewrites those into scf ops only inside the kernel function itself.
+# The main loop is the shared one (aiter/ops/shared/mainloop.py); around it sit the scales, the
+# split-K hand-off (one LDS word and two block barriers) and the epilogue. Helpers hold no
+# dynamic `if` or runtime loop: FlyDSL rewrites those only inside the kernel function itself.
 
 
-def _add_partials(tile: Tile, workspace, split, totals):
-    """totals + workspace[split] at the lane's elements (clamped: past-the-end ones are dropped)."""
-    pws = fx.get_iter(workspace)
-    totals = list(totals)
-    for i in range_constexpr(tile.reps_m):
-        for j in range_constexpr(tile.reps_n):
-            elems = []
-            for e in range_constexpr(tile.rows_per_lane):
-                row, col = coord(tile, i, j, e)
-                off = ws_offset(tile, split, clamp(row, tile.m), clamp(col, tile.n))
-                elems.append(load_run(pws, off, 1, fx.Float32)[0])
-            t = i * tile.reps_n + j
-            totals[t] = totals[t] + fx.Vector.from_elements(elems, fx.Float32)
-    return totals
+class Scales:
+    """Buffers and block-relative bounds of x_scale and w_scale."""
+
+    def __init__(self, p, x_scale, w_scale, m, n, num_sb):
+        self.x_buf = mainloop.buffer_rows(fx.get_iter(x_scale), p.origin_m, p.rows_m, num_sb, 4)
+        self.w_buf = rocdl.make_buffer_ptr(fx.get_iter(w_scale), fx.Int64(mx.OFFSET_LIMIT))
+        self.num_sb = num_sb
 
 
-def _row_scales(tile: Tile, i: int, pxs, kb, num_scale_kb):
-    """[rows_per_lane] vector of x_scale values of the lane's rows in MMA repeat i."""
-    elems = []
-    for e in range_constexpr(tile.rows_per_lane):
-        row, _ = coord(tile, i, 0, e)
-        off = x_scale_offset(fx.Int64(clamp(row, tile.m)), kb, num_scale_kb)
-        elems.append(load_run(pxs, off, 1, fx.Float32)[0])
-    return fx.Vector.from_elements(elems, fx.Float32)
+def _load_x_scale(p, sc: Scales, sb):
+    """x_scale[row, sb] of block row `tid` (thread tid < tile_m), for the LDS copy."""
+    row = p.tid
+    valid = (row < p.tile_m) & (row < p.rows_m)
+    return mainloop.load_scalar(sc.x_buf, valid, row * sc.num_sb + sb, fx.Float32)
 
 
-def _col_scale(tile: Tile, j: int, pws, kb, num_scale_kb, per_block: bool):
-    """w_scale of the lane's column in MMA repeat j (scalar fp32): w_scale[col // 128, kb] for
-    128x128 weight blocks, else the per-channel w_scale[0, col]."""
-    _, col = coord(tile, 0, j, 0)
-    col = fx.Int64(clamp(col, tile.n))
-    off = w_scale_offset(col, kb, num_scale_kb) if const_expr(per_block) else col
-    return load_run(pws, off, 1, fx.Float32)[0]
+def _store_x_scale(p, xs_lds, value):
+    """Thread tid's slot of the k-tile's x scales in LDS (slots past tile_m are never read)."""
+    fx.ptr_store(value, xs_lds + p.tid)
 
 
-def _scale_per_token_channel(tile: Tile, values, x_scale, w_scale):
-    """values * x_scale[row] * w_scale[col] (bpreshuffle epilogue; scales [M, 1] and [1, N])."""
-    pxs = fx.get_iter(x_scale)
-    pws = fx.get_iter(w_scale)
-    zero, one = fx.Int64(0), fx.Int64(1)
-    col_scales = [_col_scale(tile, j, pws, zero, one, False) for j in range_constexpr(tile.reps_n)]
-    scaled = []
-    for i in range_constexpr(tile.reps_m):
-        rows = _row_scales(tile, i, pxs, zero, one)
-        for j in range_constexpr(tile.reps_n):
-            scaled.append(values[i * tile.reps_n + j] * rows * col_scales[j])
-    return scaled
+def _read_x_scales(p, xs_lds, rep_m: int):
+    """x scales of the lane's accumulator rows of A repeat rep_m (consecutive rows), from LDS."""
+    rows = mx.acc_rows_per_lane(p.mma)
+    first = rep_m * mx.MMA_MN + mx.acc_row(p.lane, 0, p.mma)
+    return fx.ptr_load(xs_lds + first, result_type=fx.Vector.make_type(rows, fx.Float32))
 
 
-def _scale_block(tile, mma, in_dtype, pa, pb, pxs, pws, a_rows, b_rows, k, sb, num_sb, accs):
-    """accs + (XQ @ WQ^T over scale block sb) * x_scale[row, sb] * w_scale[col // 128, sb]."""
-    partial = zero_accs(len(accs), tile.rows_per_lane, fx.Float32)
-    partial = _k_blocks(
-        mma, in_dtype, False, pa, pb, a_rows, b_rows, k,
-        sb * K_BLOCKS_PER_SCALE_BLOCK, K_BLOCKS_PER_SCALE_BLOCK, tile.lane, partial,
-    )  # fmt: skip
-    sb64 = fx.Int64(sb)
-    col_scales = [
-        _col_scale(tile, j, pws, sb64, num_sb, True) for j in range_constexpr(tile.reps_n)
-    ]
+def _lane_x_scales(p, sc: Scales, sb):
+    """x_scale[row, sb] of the lane's accumulator rows, per A repeat: [reps_m] fp32 vectors."""
+    per_rep = []
+    for i in range_constexpr(p.reps_m):
+        elems = []
+        for row in mainloop.lane_rows(p, i):
+            elem = row * sc.num_sb + sb
+            elems.append(mainloop.load_scalar(sc.x_buf, row < p.rows_m, elem, fx.Float32))
+        per_rep.append(fx.Vector.from_elements(elems, fx.Float32))
+    return per_rep
+
+
+def _lane_w_scales(p, sc: Scales, sb, per_block: bool):
+    """The lane's column scales per B repeat: w_scale[col // 128, sb] for 128x128 weight
+    blocks (blockscale), else the per-channel w_scale[0, col]."""
+    values = []
+    for j in range_constexpr(p.reps_n):
+        col = p.origin_n + mainloop.lane_col(p, j)
+        valid = mainloop.lane_col(p, j) < p.rows_n
+        elem = (col // SCALE_BLOCK) * sc.num_sb + sb if const_expr(per_block) else col
+        values.append(mainloop.load_scalar(sc.w_buf, valid, elem, fx.Float32))
+    return values
+
+
+def _k_tile_scales(p, sc: Scales, sb, blockscale: bool):
+    """Blockscale: what this thread loads of scale block sb with its k-tile: its x_scale for
+    the LDS copy, then the lane's w_scale per B repeat; bpreshuffle: nothing."""
+    if const_expr(not blockscale):
+        return []
+    return [_load_x_scale(p, sc, sb)] + _lane_w_scales(p, sc, sb, True)
+
+
+def _k_tile(p, b_runs, accs, xs_lds, scales, blockscale: bool):
+    """The MMAs of one k-tile; blockscale adds each A repeat's partial scaled by the x scales
+    staged in LDS with the k-tile and the lane's w scales."""
+    if const_expr(not blockscale):
+        return mainloop.mma_k_tile(p, b_runs, accs)
+    w_scales = scales[1:]
     accs = list(accs)
-    for i in range_constexpr(tile.reps_m):
-        rows = _row_scales(tile, i, pxs, sb64, num_sb)
-        for j in range_constexpr(tile.reps_n):
-            t = i * tile.reps_n + j
-            accs[t] = accs[t] + partial[t] * rows * col_scales[j]
+    for i in range_constexpr(p.reps_m):
+        partial = mainloop.mma_k_tile_rep(p, b_runs, i, mainloop.zero_accs(p, count=p.reps_n))
+        x_scales = _read_x_scales(p, xs_lds, i)
+        for j in range_constexpr(p.reps_n):
+            t = i * p.reps_n + j
+            accs[t] = accs[t] + partial[j] * x_scales * w_scales[j]
     return accs
+
+
+def _row_tiles(p, accs, i: int, x_scales, w_scales):
+    """The fp32 tiles of A repeat i, scaled per token and channel when scales are given."""
+    tiles = [accs[i * p.reps_n + j] for j in range_constexpr(p.reps_n)]
+    if const_expr(x_scales is not None):
+        tiles = [tiles[j] * x_scales[i] * w_scales[j] for j in range_constexpr(p.reps_n)]
+    return tiles
+
+
+def _run_scales(p, sc: Scales, row, col):
+    """(x_scale[row], w_scale[0, col..col+4]) for a 4-column fp32 run of the reduction."""
+    x = mainloop.load_scalar(sc.x_buf, row < p.rows_m, row, fx.Float32)
+    ws = [
+        mainloop.load_scalar(sc.w_buf, col + e < p.rows_n, p.origin_n + col + e, fx.Float32)
+        for e in range_constexpr(4)
+    ]
+    return x, fx.Vector.from_elements(ws, fx.Float32)
+
+
+def _sum_partials(workspace, split_k: int, row, col, m, n):
+    """sum over splits, in split order, of workspace[s, row, col..col+4] (fp32 run)."""
+    pws = fx.get_iter(workspace)
+    vec = fx.Vector.make_type(4, fx.Float32)
+    total = None
+    for s in range_constexpr(split_k):
+        off = mx.workspace_offset(fx.Int64(s), fx.Int64(row), fx.Int64(col), fx.Int64(m),
+                                  fx.Int64(n))  # fmt: skip
+        part = fx.ptr_load(pws + off, result_type=vec)
+        total = part if total is None else total + part
+    return total
 
 
 # --- the kernel: both families ---------------------------------------------------------------
@@ -180,11 +208,13 @@ def gemm_a8w8_kernel(
     blockscale: fx.Constexpr[bool],
     mma: fx.Constexpr[str],
 ):
-    """One block computes a tile_m x tile_n tile of C over split block_idx.z's share of K.
+    """One block computes a tile_m x tile_n tile of C over split block_idx.z's share of K,
+    through the shared main loop.
 
     bpreshuffle (blockscale False): WQ preshuffled, out = acc * x_scale[m] * w_scale[n], split
     partials unscaled. blockscale: WQ row-major, each 128-wide scale block's partial is scaled by
-    x_scale[m, kb] * w_scale[n // 128, kb] as it is added, so split partials are scaled.
+    x_scale[m, kb] * w_scale[n // 128, kb] as it is added (its scales loaded with the k-tile,
+    one k-tile ahead), so split partials are scaled.
 
     Split-K hand-off for output tile T (semaphore slot T), split_k > 1:
     1. every thread stores its fp32 partials to workspace[split] and issues a release fence at
@@ -195,79 +225,97 @@ def gemm_a8w8_kernel(
        workspace[0], ..., workspace[split_k - 1] in that order, applies the epilogue, stores C,
        and thread 0 resets semaphore[T] to 0 (atomic exchange). The other blocks exit.
     """
-    tile = Tile(mma, tile_m, tile_n, m, n)
-    in_dtype = xq.dtype
-    a_rows, b_rows = tile.operand_rows()
-    pa = fx.get_iter(xq)
-    pb = fx.get_iter(wq)
-    k64 = fx.Int64(k)
+    split = fx.block_idx.z
+    staged_dtype = out.dtype if const_expr(split_k == 1) else fx.Float32
+    staged_bytes = mainloop.element_bytes(staged_dtype)
+    allocator = fx.SharedAllocator()
+    lds = mainloop.allocate_lds(allocator, tile_m, tile_n, tile_k, xq.dtype, 4, mma)
+    p = mainloop.Pipeline(
+        mma, tile_m, tile_n, tile_k, xq, wq, m, n, k, lds, b_shuffled=not blockscale
+    )
     if const_expr(split_k > 1):
         # Allocated up front: LDS is static for the whole kernel.
-        flag = fx.SharedAllocator().allocate(fx.Int32)
-
+        flag = allocator.allocate(fx.Int32)
+    xs_lds = None
     if const_expr(blockscale):
-        pxs = fx.get_iter(x_scale)
-        pws = fx.get_iter(w_scale)
-        num_sb = k // SCALE_BLOCK
-        num_sb64 = fx.Int64(num_sb)
-        sb_begin, sb_end = split_k_range(fx.block_idx.z, num_sb, split_k)
-        accs = zero_accs(tile.reps_m * tile.reps_n, tile.rows_per_lane, fx.Float32)
-        for sb in range(sb_begin, sb_end, fx.Int32(1)):
-            accs = _scale_block(
-                tile, mma, in_dtype, pa, pb, pxs, pws, a_rows, b_rows, k64, sb, num_sb64, accs
-            )
-    else:
-        kb_begin, kb_end = split_k_range(fx.block_idx.z, k // K_BLOCK, split_k)
-        blocks_per_iter = tile_k // K_BLOCK
-        iters, tail_begin = k_loop_counts(kb_begin, kb_end, blocks_per_iter)
-        accs = zero_accs(tile.reps_m * tile.reps_n, tile.rows_per_lane, _acc_dtype(in_dtype))
-        # Runtime loops; `accs` is reassigned in the body, so it is carried across iterations.
-        for it in range(fx.Int32(0), iters, fx.Int32(1)):
-            accs = _k_blocks(
-                mma, in_dtype, True, pa, pb, a_rows, b_rows, k64,
-                kb_begin + it * blocks_per_iter, blocks_per_iter, tile.lane, accs,
-            )  # fmt: skip
-        if const_expr(blocks_per_iter > 1):
-            # Fewer than blocks_per_iter k-blocks are left over: one block per iteration.
-            for kb in range(tail_begin, kb_end, fx.Int32(1)):
-                accs = _k_blocks(
-                    mma, in_dtype, True, pa, pb, a_rows, b_rows, k64, kb, 1, tile.lane, accs
-                )
-        if const_expr(in_dtype == fx.Int8):
-            accs = [acc.to(fx.Float32) for acc in accs]
+        # The k-tile's x scales, one slot per thread, staged beside A.
+        slots = fx.Array[fx.Float32, mx.threads(mma), mx.CHUNK_BYTES]
+        xs_lds = allocator.allocate(slots).peek().ptr
+    num_sb = k // SCALE_BLOCK
+    sc = Scales(p, x_scale, w_scale, m, n, num_sb if const_expr(blockscale) else 1)
+    # Blockscale splits own whole scale blocks (one k-tile each).
+    units = num_sb if const_expr(blockscale) else k // K_BLOCK
+    unit_blocks = K_BLOCKS_PER_SCALE_BLOCK if const_expr(blockscale) else 1
+    sb_begin, sb_end = mx.split_k_range(split, units, split_k)
+    kb_begin = sb_begin * unit_blocks
+    kb_end = sb_end * unit_blocks
+    tiles = mx.k_tiles(kb_begin, kb_end, p.blocks)
 
-    pout = fx.get_iter(out)
-    n64 = fx.Int64(n)
-    if const_expr(split_k == 1):
+    accs = mainloop.zero_accs(p, fx.Float32 if const_expr(blockscale) else None)
+    a_copy, b_next = mainloop.load_k_tile(p, kb_begin, kb_end)
+    scales_next = _k_tile_scales(p, sc, sb_begin, blockscale)
+    # Runtime loop; the reassigned values are carried across iterations.
+    for t in range(fx.Int32(1), tiles, fx.Int32(1)):
+        b_cur = b_next
+        scales_cur = scales_next
+        fx.barrier()
+        mainloop.store_a(p, a_copy)
         if const_expr(blockscale):
-            final = accs
-        else:
-            final = _scale_per_token_channel(tile, accs, x_scale, w_scale)
-        for i in range_constexpr(tile.reps_m):
-            for j in range_constexpr(tile.reps_n):
-                cast = final[i * tile.reps_n + j].to(out.dtype)
-                for e in range_constexpr(tile.rows_per_lane):
-                    row, col = coord(tile, i, j, e)
-                    if in_bounds(row, col, m, n):
-                        fx.ptr_store(cast[e], pout + c_offset(fx.Int64(row), fx.Int64(col), n64))
-    else:
-        pws_partial = fx.get_iter(workspace)
-        for i in range_constexpr(tile.reps_m):
-            for j in range_constexpr(tile.reps_n):
-                acc = accs[i * tile.reps_n + j]
-                for e in range_constexpr(tile.rows_per_lane):
-                    row, col = coord(tile, i, j, e)
-                    if in_bounds(row, col, m, n):
-                        fx.ptr_store(
-                            acc[e], pws_partial + ws_offset(tile, fx.block_idx.z, row, col)
-                        )
+            _store_x_scale(p, xs_lds, scales_cur[0])
+        fx.barrier()
+        a_copy, b_next = mainloop.load_k_tile(p, kb_begin + t * p.blocks, kb_end)
+        scales_next = _k_tile_scales(p, sc, sb_begin + t, blockscale)
+        rocdl.sched_barrier(0)  # keep the next k-tile's loads ahead of this one's MMAs
+        accs = _k_tile(p, b_cur, accs, xs_lds, scales_cur, blockscale)
+    # The last k-tile (zeros when the split owns no k-block).
+    fx.barrier()
+    mainloop.store_a(p, a_copy)
+    if const_expr(blockscale):
+        _store_x_scale(p, xs_lds, scales_next[0])
+    fx.barrier()
+    accs = _k_tile(p, b_next, accs, xs_lds, scales_next, blockscale)
+    if const_expr(xq.dtype == fx.Int8):
+        accs = [acc.to(fx.Float32) for acc in accs]
+
+    # Epilogue: 16 rows at a time through each wave's LDS staging area, stored as 16-byte runs
+    # (C, or the fp32 partial of this split); runs crossing column N store element by element.
+    x_scales = None
+    w_scales = None
+    if const_expr(split_k == 1 and not blockscale):
+        x_scales = _lane_x_scales(p, sc, 0)
+        w_scales = _lane_w_scales(p, sc, 0, False)
+    out_lds = fx.recast_iter(staged_dtype, lds)
+    dst = fx.get_iter(out) if const_expr(split_k == 1) else fx.get_iter(workspace)
+    vec = mx.CHUNK_BYTES // staged_bytes
+    fx.barrier()  # every wave is done reading the A stage the staging areas reuse
+    for i in range_constexpr(p.reps_m):
+        row_tiles = _row_tiles(p, accs, i, x_scales, w_scales)
+        mainloop.stage_out_rows(p, row_tiles, out_lds, staged_dtype)
+        for values, row16, col, real in mainloop.staged_runs(p, out_lds, staged_dtype):
+            row = p.origin_m + i * mx.MMA_MN + row16
+            col = p.origin_n + col
+            if const_expr(split_k > 1):
+                off = mx.workspace_offset(
+                    fx.Int64(split), fx.Int64(row), fx.Int64(col), fx.Int64(m), fx.Int64(n)
+                )
+            else:
+                off = mx.c_offset(fx.Int64(row), fx.Int64(col), fx.Int64(n))
+            if real & (row < m) & (col + vec <= n):
+                fx.ptr_store(values, dst + off)
+            else:
+                if real & (row < m) & (col < n):
+                    for e in range_constexpr(vec):
+                        if col + e < n:
+                            fx.ptr_store(values[e], dst + off + e)
+
+    if const_expr(split_k > 1):
         fx.memory_fence(syncscope=rocdl.SyncScope.Agent, ordering=fx.AtomicOrdering.Release)
         fx.barrier()
         # grid_x from N, not gpu.grid_dim, which would need the ROCm device libraries.
-        grid_x, _, _ = grid_size(m, n, tile_m, tile_n, split_k)
+        grid_x, _, _ = mx.grid_size(m, n, tile_m, tile_n, split_k)
         slot = fx.Int64(semaphore_slot(fx.block_idx.y, fx.block_idx.x, grid_x))
         sem_ptr = fx.get_iter(semaphore) + slot
-        if tile.tid == 0:
+        if p.tid == 0:
             previous = fx.atomic_add(
                 sem_ptr,
                 semaphore.dtype(1),
@@ -278,23 +326,28 @@ def gemm_a8w8_kernel(
         fx.barrier()
         if flag.peek() != 0:
             fx.memory_fence(syncscope=rocdl.SyncScope.Agent, ordering=fx.AtomicOrdering.Acquire)
-            totals = zero_accs(tile.reps_m * tile.reps_n, tile.rows_per_lane, fx.Float32)
-            for s in range(fx.Int32(0), fx.Int32(split_k), fx.Int32(1)):
-                totals = _add_partials(tile, workspace, s, totals)
-            if const_expr(blockscale):
-                reduced = totals
-            else:
-                reduced = _scale_per_token_channel(tile, totals, x_scale, w_scale)
-            for ri in range_constexpr(tile.reps_m):
-                for rj in range_constexpr(tile.reps_n):
-                    rcast = reduced[ri * tile.reps_n + rj].to(out.dtype)
-                    for re in range_constexpr(tile.rows_per_lane):
-                        rrow, rcol = coord(tile, ri, rj, re)
-                        if in_bounds(rrow, rcol, m, n):
-                            fx.ptr_store(
-                                rcast[re], pout + c_offset(fx.Int64(rrow), fx.Int64(rcol), n64)
-                            )
-            if tile.tid == 0:
+            pout = fx.get_iter(out)
+            for ri in range_constexpr(p.reps_m):
+                for store_pass in range_constexpr(mx.out_store_passes(tile_n, 4, mma)):
+                    rrow16, rcol, rreal = mx.out_read_coord(store_pass, p.lane, tile_n, 4, mma)
+                    rrow = ri * mx.MMA_MN + rrow16  # block-relative
+                    rcol = p.b_row0 + rcol
+                    grow = p.origin_m + rrow
+                    gcol = p.origin_n + rcol
+                    if rreal & (grow < m) & (gcol < n):
+                        total = _sum_partials(workspace, split_k, grow, gcol, m, n)
+                        if const_expr(not blockscale):
+                            xsv, wsv = _run_scales(p, sc, rrow, rcol)
+                            total = total * xsv * wsv
+                        cast = total.to(out.dtype)
+                        roff = mx.c_offset(fx.Int64(grow), fx.Int64(gcol), fx.Int64(n))
+                        if gcol + 4 <= n:
+                            fx.ptr_store(cast, pout + roff)
+                        else:
+                            for re in range_constexpr(4):
+                                if gcol + re < n:
+                                    fx.ptr_store(cast[re], pout + roff + re)
+            if p.tid == 0:
                 fx.atomic_xchg(
                     sem_ptr,
                     semaphore.dtype(0),
@@ -309,8 +362,8 @@ def _launch(xq, wq, x_scale, w_scale, out, workspace, semaphore, m, n, k, tile_m
         xq, wq, x_scale, w_scale, out, workspace, semaphore, m, n, k,
         tile_m, tile_n, tile_k, split_k, blockscale, mma,
     ).launch(
-        grid=grid_size(m, n, tile_m, tile_n, split_k),
-        block=(WAVES_PER_BLOCK * WAVE_SIZE[mma], 1, 1),
+        grid=mx.grid_size(m, n, tile_m, tile_n, split_k),
+        block=(mx.threads(mma), 1, 1),
         stream=stream,
     )  # fmt: skip
 
