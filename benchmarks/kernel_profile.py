@@ -1,0 +1,399 @@
+"""Static ISA profile of the repository's GEMM-shaped kernels: per main-loop iteration per wave,
+what the compiled code loads, stages through LDS and multiplies, from FlyDSL's ISA listings.
+
+    .venv/bin/python benchmarks/kernel_profile.py [--arch gfx942,gfx950,gfx1250]
+        [--kernel a16w16 ...] [--json PATH] [--keep-listings DIR]
+
+Each arch compiles in a child process of its own (FlyDSL freezes its target per process, and an
+LLVM abort kills the process: a child's death is reported as the failure of the config it was
+compiling, and a new child carries on with the rest). The children launch every config on CPU
+tensors with COMPILE_ONLY=1 and FLYDSL_DEBUG_DUMP_ASM=1, one FLYDSL_DUMP_DIR per config, and
+parse the listings with aiter.flydsl_bridge.listing. Nothing runs on a GPU: every figure is
+static, and the roofline column is an estimate (see listing.roofline_estimate).
+
+From tests: profile_configs(arch, configs) -> rows, format_table(rows) -> str,
+default_configs(arch) -> configs, profile_listing(text) -> dict (no compile).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from aiter.arch import ARCHS  # noqa: E402
+from aiter.flydsl_bridge import listing as isa  # noqa: E402
+
+KERNELS = ("a16w16", "a8w8_bpreshuffle", "a8w8_blockscale", "moe_stage1", "moe_stage2", "conv3d")
+MARK = "@@kernel_profile "  # prefix of the child's result lines (FlyDSL prints to stdout too)
+CHILD_TIMEOUT = 1800
+
+# --- configurations --------------------------------------------------------------------------
+
+A16W16_TILES = ((128, 128, 64), (64, 128, 32), (16, 64, 32), (256, 128, 64))
+BPRESHUFFLE_TILES = ((128, 128, 128), (64, 128, 64))  # largest and a middle one
+BLOCKSCALE_TILES = ((128, 128, 128), (64, 128, 128))
+GEMM_MNK = (512, 512, 1024)
+MOE_SIZES = dict(m=256, model_dim=1024, inter=512, experts=8, topk=2)
+CONV_SHAPES = dict(x=(2, 64, 8, 16, 16), w=(128, 64, 3, 3, 3), padding=1)
+
+
+def default_configs(arch: str) -> list[dict]:
+    """Representative configs of every kernel that exists for `arch` (the a8w8 blockscale
+    kernel has no gfx1250 WMMA flavour)."""
+    info = ARCHS[arch]
+    mma, fp8 = info.mma, info.fp8_dtype_name
+    configs = [dict(kernel="a16w16", tile=t, dtype="bfloat16") for t in A16W16_TILES]
+    configs += [dict(kernel="a8w8_bpreshuffle", tile=t, dtype=fp8) for t in BPRESHUFFLE_TILES]
+    configs.append(dict(kernel="a8w8_bpreshuffle", tile=BPRESHUFFLE_TILES[0], dtype="int8"))
+    if mma == "mfma":
+        configs += [dict(kernel="a8w8_blockscale", tile=t, dtype=fp8) for t in BLOCKSCALE_TILES]
+    configs += [
+        dict(kernel="moe_stage1", tile=(32, 128, 64), dtype="bfloat16"),
+        dict(kernel="moe_stage1", tile=(64, 128, 128), dtype=fp8),
+        dict(kernel="moe_stage2", tile=(64, 128, 64), dtype="bfloat16"),
+        dict(kernel="moe_stage2", tile=(32, 128, 128), dtype=fp8),
+        dict(kernel="conv3d", tile=(64, 64, 2, 2, 1), dtype="bfloat16"),
+        dict(kernel="conv3d", tile=(128, 128, 2, 2, 1), dtype="bfloat16"),
+    ]
+    return [dict(cfg, mma=mma, tile=list(cfg["tile"])) for cfg in configs]
+
+
+def not_built(arch: str) -> list[str]:
+    """Kernels default_configs leaves out for `arch`, with the module's reason."""
+    if ARCHS[arch].mma == "mfma":
+        return []
+    return ["a8w8_blockscale: aiter.ops.gemm.kernels.a8w8 has no gfx1250 (WMMA) blockscale kernel"]
+
+
+def config_label(cfg: dict) -> str:
+    tile = cfg["tile"]
+    shape = "x".join(str(t) for t in tile[:3])
+    if cfg["kernel"] == "conv3d":
+        shape = f"{tile[0]}x{tile[1]} w{tile[2]}x{tile[3]}"
+    short = {"bfloat16": "bf16", "float16": "f16", "int8": "i8"}
+    return f"{shape} {short.get(cfg['dtype'], 'fp8')}"
+
+
+# --- launches (in the child) -----------------------------------------------------------------
+
+
+def _empty(*shape, dtype=None):
+    import torch
+
+    return torch.empty(shape, dtype=dtype or torch.float32)
+
+
+def _launch_a16w16(cfg: dict, dtype) -> None:
+    from aiter.ops.gemm.kernels.a16w16 import GemmTile, launch_gemm_a16w16
+
+    m, n, k = GEMM_MNK
+    a, b, out = _empty(m, k, dtype=dtype), _empty(n, k, dtype=dtype), _empty(m, n, dtype=dtype)
+    launch_gemm_a16w16(
+        a, b, None, out, None, tile=GemmTile(*cfg["tile"]), split_k=1, mma=cfg["mma"]
+    )
+
+
+def _launch_a8w8(cfg: dict, dtype) -> None:
+    import torch
+
+    from aiter.ops.gemm.kernels import a8w8
+
+    m, n, k = GEMM_MNK
+    x, w = _empty(m, k, dtype=dtype), _empty(n, k, dtype=dtype)
+    out, tile = _empty(m, n, dtype=torch.bfloat16), a8w8.A8W8Tile(*cfg["tile"])
+    if cfg["kernel"] == "a8w8_bpreshuffle":
+        launch, scales = a8w8.launch_gemm_a8w8_bpreshuffle, (_empty(m, 1), _empty(1, n))
+    else:
+        block = a8w8.BLOCKSCALE_BLOCK
+        launch = a8w8.launch_gemm_a8w8_blockscale
+        scales = (_empty(m, k // block), _empty(n // block, k // block))
+    launch(x, w, *scales, out, None, None, tile=tile, split_k=1, mma=cfg["mma"])
+
+
+def _routing(tile_m: int) -> tuple:
+    import torch
+
+    from aiter.ops.moe.kernels.sorting_index import sorting_sizes
+
+    s = MOE_SIZES
+    p, blocks = sorting_sizes(s["m"], s["topk"], s["experts"], tile_m)
+    i32 = torch.int32
+    return _empty(p, dtype=i32), _empty(p), _empty(blocks, dtype=i32), _empty(2, dtype=i32)
+
+
+def _launch_moe(cfg: dict, dtype) -> None:
+    import torch
+
+    from aiter.ops.moe.kernels import stages
+    from aiter.ops.shared.tiles import GemmTile
+
+    s, tile = MOE_SIZES, GemmTile(*cfg["tile"])
+    m, d, inter, e, topk = s["m"], s["model_dim"], s["inter"], s["experts"], s["topk"]
+    quant, bf16 = dtype.itemsize == 1, torch.bfloat16
+    routing = _routing(tile.tile_m)
+    if cfg["kernel"] == "moe_stage1":
+        scales = dict(a_scale=_empty(m, 1), w1_scale=_empty(e, 2 * inter, 1)) if quant else {}
+        stages.launch_moe_stage1(
+            _empty(m, d, dtype=dtype), _empty(e, 2 * inter, d, dtype=dtype), *routing,
+            _empty(m * topk, inter, dtype=bf16), topk=topk, tile=tile, ksplit=1,
+            activation="silu", gate_mode="separated", doweight=False, mma=cfg["mma"], **scales,
+        )  # fmt: skip
+        return
+    scales = dict(a2_scale=_empty(m * topk, 1), w2_scale=_empty(e, d, 1)) if quant else {}
+    stages.launch_moe_stage2(
+        _empty(m * topk, inter, dtype=dtype), _empty(e, d, inter, dtype=dtype), *routing,
+        _empty(m, d, dtype=bf16), topk=topk, tile=tile, mode="atomic", apply_weight=True,
+        mma=cfg["mma"], **scales,
+    )  # fmt: skip
+
+
+def _launch_conv3d(cfg: dict, dtype) -> None:
+    from aiter.ops.conv3d.kernels import implicit_gemm as cv
+
+    s = CONV_SHAPES
+    geo = cv.conv3d_geometry(s["x"], s["w"], padding=s["padding"])
+    cv.launch_conv3d(
+        _empty(*geo.x_padded_shape(), dtype=dtype), _empty(*geo.packed_weight_shape(), dtype=dtype),
+        None, _empty(*geo.out_shape("NDHWC"), dtype=dtype), None, geometry=geo,
+        tile=cv.ConvTile(*cfg["tile"]), split_k=1, output_layout="NDHWC", mma=cfg["mma"],
+    )  # fmt: skip
+
+
+_LAUNCHERS = {
+    "a16w16": _launch_a16w16,
+    "a8w8_bpreshuffle": _launch_a8w8,
+    "a8w8_blockscale": _launch_a8w8,
+    "moe_stage1": _launch_moe,
+    "moe_stage2": _launch_moe,
+    "conv3d": _launch_conv3d,
+}
+
+
+# --- figures of one listing ------------------------------------------------------------------
+
+
+def profile_listing(text: str) -> dict:
+    """Metadata, main-loop figures, occupancy and roofline estimate of one listing."""
+    lst = isa.parse_listing(text)
+    waves = lst.waves_per_block or 1
+    row = dict(
+        name=lst.name, arch=lst.arch, vgprs=lst.vgprs, agprs=lst.agprs, arch_vgprs=lst.arch_vgprs,
+        sgprs=lst.sgprs, lds_bytes=lst.lds_bytes, vgpr_spills=lst.vgpr_spills,
+        sgpr_spills=lst.sgpr_spills, scratch_bytes=lst.scratch_bytes, wave_size=lst.wave_size,
+        waves_per_block=waves,
+        occupancy=isa.occupancy(lst.arch, lst.arch_vgprs, lst.agprs, lst.lds_bytes, waves),
+        loop=None, roofline=None,
+    )  # fmt: skip
+    loop = isa.main_loop(lst)
+    if loop is not None:
+        figures = isa.loop_figures(loop, lst.wave_size)
+        row["loop"] = figures.to_dict()
+        estimate = isa.roofline_estimate(lst.arch, figures, waves)
+        row["roofline"] = None if estimate is None else vars(estimate)
+    return row
+
+
+def _child(arch: str, root: Path) -> None:
+    """Child main: configs as JSON on stdin; one MARK line per config start and result."""
+    import torch
+
+    configs = json.load(sys.stdin)
+    os.environ["FLYDSL_DEBUG_DUMP_ASM"] = "1"
+    for idx, cfg in enumerate(configs):
+        dump = root / f"{cfg['index']:03d}"
+        os.environ["FLYDSL_DUMP_DIR"] = str(dump)
+        print(MARK + json.dumps({"start": idx}), flush=True)
+        result: dict = {"done": idx, "listings": []}
+        try:
+            _LAUNCHERS[cfg["kernel"]](cfg, getattr(torch, cfg["dtype"]))
+        except Exception as exc:  # a launcher's refusal or a compile error: report, carry on
+            result["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        for path in sorted(dump.glob("*/*final_isa.s")):
+            result["listings"].append(dict(profile_listing(path.read_text()), path=str(path)))
+        print(MARK + json.dumps(result), flush=True)
+
+
+# --- the parent ------------------------------------------------------------------------------
+
+
+def child_env(arch: str, cache: Path, rocm_path: str | None = None) -> dict:
+    """The child's environment: FlyDSL targets `arch` without a GPU and links with the
+    AMDGPU linker under `rocm_path` (default: aiter.toolchain.find_linker()'s)."""
+    from aiter import flydsl_bridge as bridge
+    from aiter.toolchain import find_linker
+
+    env = dict(os.environ)
+    env.update(bridge.target_env(arch))  # ARCH, FLYDSL_GPU_ARCH, COMPILE_ONLY=1
+    env.update(ROCM_PATH=rocm_path or str(find_linker().rocm_path), PYTHONPATH=str(REPO))
+    env[bridge.ENV_CACHE_DIR] = str(cache)
+    return env
+
+
+def _run_child(
+    arch: str, configs: list[dict], root: Path, env: dict
+) -> tuple[dict, bool, str, int]:
+    """One child's results by position in `configs`, whether it started any config, its stderr
+    tail and its return code."""
+    try:
+        child = subprocess.run(
+            [sys.executable, __file__, "--child", arch, str(root)], input=json.dumps(configs),
+            env=env, cwd=REPO, capture_output=True, text=True, timeout=CHILD_TIMEOUT,
+        )  # fmt: skip
+        stdout, stderr, code = child.stdout, child.stderr, child.returncode
+    except subprocess.TimeoutExpired as exc:
+        stdout, stderr, code = exc.stdout or "", f"timed out after {CHILD_TIMEOUT} s", -1
+        stdout = stdout.decode() if isinstance(stdout, bytes) else stdout
+    results, started = {}, False
+    for line in stdout.splitlines():
+        if line.startswith(MARK):
+            message = json.loads(line[len(MARK) :])
+            started = True
+            if "done" in message:
+                results[message["done"]] = message
+    return results, started, stderr[-1500:], code
+
+
+def _last_error(stderr: str) -> str:
+    """The last 'LLVM ERROR' line of a child's stderr, else its last line (200 characters)."""
+    lines = [line.strip() for line in stderr.splitlines() if line.strip()] or ["(no stderr)"]
+    errors = [line for line in lines if "LLVM ERROR" in line or "Error" in line]
+    return (errors or lines)[-1][:200]
+
+
+def profile_configs(
+    arch: str, configs: list[dict], root: Path | None = None, rocm_path: str | None = None
+) -> list[dict]:
+    """Compile `configs` for `arch` in child processes and return one result per config:
+    the config, "label", "listings" (profile_listing of each listing, with "path") and
+    "error" when the launch raised or the child died while compiling it. Listings are written
+    under `root` (a temporary directory, removed afterwards, when None)."""
+    if root is None:
+        with tempfile.TemporaryDirectory(prefix="kernel_profile_") as tmp:
+            return profile_configs(arch, configs, Path(tmp), rocm_path)
+    pending = [dict(cfg, index=i) for i, cfg in enumerate(configs)]
+    done: list[dict] = []
+    env = child_env(arch, root / f"cache_{arch}", rocm_path)
+    while pending:
+        results, started, stderr, code = _run_child(arch, pending, root / arch, env)
+        finished = [dict(pending[i], **results[i]) for i in sorted(results)]
+        done += finished
+        pending = pending[len(finished) :]
+        if not pending:
+            break
+        # The child died compiling pending[0] (or before its first config: then all of them).
+        reason = f"child process died (exit code {code}): {_last_error(stderr)}"
+        failed = pending[:1] if started else pending
+        done += [dict(cfg, listings=[], error=reason) for cfg in failed]
+        pending = pending[len(failed) :]
+    for row in done:
+        row["label"], row["arch"] = config_label(row), arch
+    return done
+
+
+# --- the table -------------------------------------------------------------------------------
+
+HEADER = (
+    "Static figures from the compiled ISA (FlyDSL's listings; nothing ran on a GPU). Per "
+    "main-loop iteration per wave: global loads (bytes, buffer loads/all loads), LDS read/write "
+    "bytes, MMAs, VALU instructions, exposed wait (a vmcnt/loadcnt wait before the first MMA "
+    "forcing a load of the same iteration), inner loops nested in the main loop (e.g. waterfall "
+    "loops). w/SIMD: waves per SIMD ('-': not modelled). FLOP/B = MMA FLOPs per issued global "
+    "load byte. "
+    "'est. roof' = ESTIMATED ceiling min(peak, FLOP/B x HBM BW) as % of the spec-sheet peak of "
+    "MI300X (gfx942) / MI355X (gfx950), assuming every issued byte comes from HBM (an upper-bound "
+    "estimate that ignores caches); n/a for gfx1250 (no public peaks used here)."
+)
+COLUMNS = (
+    ("kernel", 16), ("arch", 7), ("tile", 17), ("gload B (buf/all)", 18), ("LDS r/w B", 12),
+    ("MMA", 32), ("VALU", 5), ("exp.wait", 8), ("inner", 5), ("VGPR+AGPR", 9), ("LDS", 6),
+    ("spill v/s", 9), ("w/SIMD", 6), ("FLOP/B", 7), ("est. roof", 14),
+)  # fmt: skip
+
+
+def _mma_text(loop: dict) -> str:
+    return " + ".join(
+        f"{n} {m.removeprefix('v_')}" for m, n in sorted(loop["mma_by_mnemonic"].items())
+    )
+
+
+def _roof_text(roof: dict | None) -> str:
+    if roof is None:
+        return "n/a"
+    kind = "mem" if roof["memory_bound"] else "comp"
+    return f"{roof['fraction_of_peak'] * 100:.0f}% {kind} {roof['device']}"
+
+
+def _cells(row: dict, lst: dict) -> list[str]:
+    loop = lst["loop"]
+    regs = f"{lst['arch_vgprs']}+{lst['agprs']}"
+    occ = "-" if lst["occupancy"] is None else str(lst["occupancy"])
+    spill = f"{lst['vgpr_spills']}/{lst['sgpr_spills']}"
+    head = [row["kernel"], row["arch"], row["label"]]
+    tail = [regs, str(lst["lds_bytes"]), spill, occ]
+    if loop is None:
+        return head + ["(no MMA loop)", "", "", "", "", ""] + tail + ["", ""]
+    gload = f"{loop['global_load_bytes']} ({loop['buffer_load_count']}/{loop['global_load_count']})"
+    flop_b = loop["mma_flops"] / loop["global_load_bytes"] if loop["global_load_bytes"] else None
+    body = [
+        gload, f"{loop['lds_read_bytes']}/{loop['lds_write_bytes']}", _mma_text(loop),
+        str(loop["valu_count"]), "yes" if loop["exposed_wait"] else "no", str(loop["inner_loops"]),
+    ]  # fmt: skip
+    ratio = "inf" if flop_b is None else f"{flop_b:.1f}"
+    return head + body + tail + [ratio, _roof_text(lst["roofline"])]
+
+
+def format_table(rows: list[dict]) -> str:
+    """The header line and one line per (kernel, arch, tile) GEMM listing; failures and
+    listings without an MMA loop are listed too."""
+    lines = [HEADER, "  ".join(name.ljust(width) for name, width in COLUMNS)]
+    failures = []
+    for row in rows:
+        gemms = [lst for lst in row["listings"] if lst["loop"] is not None]
+        for lst in gemms or row["listings"][:1]:
+            lines.append(
+                "  ".join(c.ljust(w) for c, (_, w) in zip(_cells(row, lst), COLUMNS, strict=True))
+            )
+        if row.get("error") or not row["listings"]:
+            failures.append(f"  {row['kernel']} {row['arch']} {row['label']}: "
+                            f"{row.get('error') or 'no listing written'}")  # fmt: skip
+    if failures:
+        lines += ["FAILED or skipped:"] + failures
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--arch", default="gfx942,gfx950,gfx1250")
+    parser.add_argument("--kernel", nargs="*", choices=KERNELS, help="default: all")
+    parser.add_argument("--json", type=Path, help="write the rows as JSON here")
+    parser.add_argument("--keep-listings", type=Path, help="keep the ISA listings here")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        _child(args.child[0], Path(args.child[1]))
+        return 0
+    rows, notes = [], []
+    for arch in (a.strip() for a in args.arch.split(",") if a.strip()):
+        configs = [
+            c for c in default_configs(arch) if not args.kernel or c["kernel"] in args.kernel
+        ]
+        rows += profile_configs(arch, configs, args.keep_listings)
+        notes += [f"  {arch}: {note}" for note in not_built(arch)]
+    print(format_table(rows))
+    if notes:
+        print("Not built (unsupported by the kernel module):\n" + "\n".join(notes))
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
