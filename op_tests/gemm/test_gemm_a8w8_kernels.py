@@ -16,8 +16,10 @@ import torch
 
 from aiter.ops.gemm.kernels import a8w8 as g
 from aiter.ops.shared import gemm_index_8bit as ix
+from aiter.ops.shared import mainloop_index as mx
 from aiter.ops.shared import preshuffle
 from op_tests.compile_child import compile_env, disassemble_or_skip, run_child
+from op_tests.shared.mainloop_emulation import WorkGroup, conflict_summary, round_to
 
 REPO = Path(__file__).resolve().parents[2]
 FNUZ, FN, I8 = torch.float8_e4m3fnuz, torch.float8_e4m3fn, torch.int8
@@ -220,27 +222,18 @@ def test_shuffled_offset_reads_the_right_element() -> None:
             assert flat[ix.shuffled_offset(row, kk, k)] == w[row, kk], (row, kk)
 
 
-@pytest.mark.parametrize("mma", ["mfma", "wmma"])
-def test_kernel_weight_runs_read_w_rows(mma: str) -> None:
-    """Each 16-byte chunk a lane loads from the shuffled weight is its run's slice of W[row]."""
-    n, k = 32, 256
-    wsz = ix.WAVE_SIZE[mma]
+def test_kernel_weight_chunks_read_w_rows() -> None:
+    """Each 16-byte chunk the main loop loads from the shuffled weight (mx.shuffled_element,
+    from a block's first row, a multiple of 16) is W[row, kk:kk + 16]."""
+    n, k = 48, 256
     w = _random_bytes((n, k), I8, seed=11)
     flat = preshuffle.shuffle_weight(w).reshape(-1)
-    for row in range(n):
-        for kb in range(k // ix.K_BLOCK):
-            for lane in range(wsz):
-                start = kb * ix.K_BLOCK + ix.lane_k_offset(lane, wsz)
-                run = torch.cat(
-                    [
-                        flat[off : off + ix.SHUFFLE_K]
-                        for off in (
-                            ix.b_chunk_offset(row, k, kb, lane, wsz, c)
-                            for c in range(ix.chunks_per_run(wsz))
-                        )
-                    ]
-                )
-                assert torch.equal(run, w[row, start : start + ix.k_run(wsz)]), (row, kb, lane)
+    for first in (0, 16, 32):
+        base = first * k
+        for row in range(n - first):
+            for kk in range(0, k, 16):
+                off = base + mx.shuffled_element(row, kk, k)
+                assert torch.equal(flat[off : off + 16], w[first + row, kk : kk + 16]), (row, kk)
 
 
 @pytest.mark.parametrize(
@@ -266,7 +259,7 @@ def test_shuffle_rejects_bad_shapes(shape, layout, message) -> None:
 def test_public_constants() -> None:
     assert set(g.BPRESHUFFLE_TILES) == {"mfma", "wmma"}
     assert set(g.BLOCKSCALE_TILES) == {"mfma"}
-    assert g.BPRESHUFFLE_K_MULTIPLE == ix.K_BLOCK == 64
+    assert g.BPRESHUFFLE_K_MULTIPLE == g.K_BLOCK == ix.K_BLOCK == 64
     assert g.BPRESHUFFLE_N_MULTIPLE == 16
     assert g.BPRESHUFFLE_LAYOUT == (16, 16)
     assert g.BLOCKSCALE_BLOCK == 128
@@ -279,188 +272,130 @@ def test_public_constants() -> None:
     "tiles, mma", [(g.BPRESHUFFLE_TILES, "mfma"), (g.BPRESHUFFLE_TILES, "wmma"), (g.BLOCKSCALE_TILES, "mfma")]  # fmt: skip
 )
 def test_tiles_fit_the_kernel(tiles, mma) -> None:
-    wsz = ix.WAVE_SIZE[mma]
     for tile in tiles[mma]:
-        waves_m, waves_n = ix.wave_layout(tile.tile_m)
-        assert tile.tile_m % (waves_m * 16) == 0 and tile.tile_n % (waves_n * 16) == 0
-        assert tile.tile_k % ix.K_BLOCK == 0
+        assert tile.tile_m % 16 == 0 and tile.tile_n % (mx.WAVES_PER_BLOCK * 16) == 0
+        assert tile.tile_k % g.K_BLOCK == 0
         if tiles is g.BLOCKSCALE_TILES:
-            assert tile.tile_k == ix.SCALE_BLOCK and ix.SCALE_BLOCK % tile.tile_n == 0
-        reps_m, reps_n = ix.mma_repeats(tile.tile_m, tile.tile_n)
-        owners = torch.zeros(tile.tile_m, tile.tile_n, dtype=torch.int32)
-        for wave in range(ix.WAVES_PER_BLOCK):
-            wave_m, wave_n = ix.wave_origin(wave, tile.tile_m, tile.tile_n)
-            for i in range(reps_m):
-                for j in range(reps_n):
-                    for lane in range(wsz):
-                        for e in range(ix.acc_rows_per_lane(wsz)):
-                            r, c = ix.c_coord(0, 0, wave_m, wave_n, i, j, lane, e, wsz)
-                            owners[r, c] += 1
-        assert torch.equal(owners, torch.ones_like(owners)), tile
+            assert tile.tile_k == ix.SCALE_BLOCK and tile.tile_m <= mx.threads(mma)
+        assert g.tile_problem(tile, mma) is None
 
 
 # --- the kernels, emulated on CPU ---------------------------------------------------------
 
 
-def _pick(cond: bool, a: int, b: int) -> int:
-    """What the kernel's `cond.select(a, b)` computes."""
-    return a if cond else b
+class A8W8Emulation:
+    """One launch of gemm_a8w8_kernel, block by block in a given arrival order, each block a
+    shared-main-loop WorkGroup phase by phase, with the kernel's scales and split-K hand-off."""
 
-
-def _k_blocks_visited(begin: int, end: int, blocks_per_iter: int) -> list[int]:
-    """The k-blocks the bpreshuffle main loop then tail loop run, in order."""
-    iters, tail_begin = ix.k_loop_counts(begin, end, blocks_per_iter)
-    visited = [begin + it * blocks_per_iter + j for it in range(iters) for j in range(blocks_per_iter)]  # fmt: skip
-    if blocks_per_iter > 1:
-        visited += range(tail_begin, end)
-    return visited
-
-
-class Emulator:
-    """Runs one launch of gemm_a8w8_kernel block by block with torch gathers, in a given
-    block arrival order, following the kernel's index helpers and split-K protocol."""
-
-    def __init__(self, family, mma, xq, wq_stored, x_scale, w_scale, out_dtype, tile, split_k,
+    def __init__(self, family, arch, xq, wq_stored, x_scale, w_scale, out_dtype, tile, split_k,
                  sem_dtype):  # fmt: skip
-        self.family, self.mma, self.tile, self.split_k = family, mma, tile, split_k
+        self.family, self.arch, self.tile, self.split_k = family, arch, tile, split_k
+        self.mma = "wmma" if arch == "gfx1250" else "mfma"
         self.m, self.k = xq.shape
         self.n = wq_stored.shape[0]
-        self.wsz = ix.WAVE_SIZE[mma]
-        self.x = xq.float().reshape(-1)
-        self.w = wq_stored.float().reshape(-1)
-        self.xs = x_scale.reshape(-1)
-        self.ws = w_scale.reshape(-1)
+        self.x = xq.double().reshape(-1)
+        self.w = wq_stored.double().reshape(-1)
+        self.xs = x_scale.double().reshape(-1)
+        self.ws = w_scale.double().reshape(-1)
+        self.num_sb = self.k // 128
         self.out_dtype = out_dtype
-        tables = atom_tables(mma, ATOM_DTYPE[xq.dtype])
-        kk = ix.MMA_K[mma]
-        self.a_idx = torch.tensor([[r * kk + c for r, c in lane] for lane in tables["A"]])
-        self.b_idx = torch.tensor([[r * kk + c for r, c in lane] for lane in tables["B"]])
-        self.c_idx = torch.tensor([[r * 16 + c for r, c in lane] for lane in tables["C"]])
-        self.grid = ix.grid_size(self.m, self.n, tile.tile_m, tile.tile_n, split_k)
-        self.out = torch.zeros(self.m * self.n)
+        self.grid = mx.grid_size(self.m, self.n, tile.tile_m, tile.tile_n, split_k)
+        self.out = torch.zeros(self.m * self.n, dtype=torch.float64)
         self.out_writes = torch.zeros(self.m * self.n, dtype=torch.int32)
-        self.workspace = torch.full((split_k * self.m * self.n,), float("nan"))
-        self.semaphore = torch.zeros(ix.num_tiles(self.m, self.n, tile.tile_m, tile.tile_n), dtype=sem_dtype)  # fmt: skip
+        self.workspace = torch.full((split_k * self.m * self.n,), float("nan"), dtype=torch.float64)
+        self.semaphore = torch.zeros(g.semaphore_size(self.m, self.n, tile), dtype=sem_dtype)
         self.reducers: dict[int, int] = {}
-
-    # operand loads --------------------------------------------------------------------
-
-    def _rows(self, origin, wave_off, reps, bound):
-        return [
-            [_pick(r < bound, r, bound - 1) for r in (ix.operand_row(origin, wave_off, i, ln) for ln in range(self.wsz))]  # fmt: skip
-            for i in range(reps)
-        ]
-
-    def _a_runs(self, rows, kb):
-        run = ix.k_run(self.wsz)
-        offs = []
-        for lane, row in enumerate(rows):
-            assert 0 <= row < self.m
-            off = ix.a_offset(row, self.k, kb, lane, self.wsz)
-            assert row * self.k <= off and off + run <= (row + 1) * self.k
-            offs.append(off)
-        return self.x[torch.tensor(offs)[:, None] + torch.arange(run)]
-
-    def _b_runs(self, rows, kb):
-        run = ix.k_run(self.wsz)
-        if self.family == "blockscale":
-            offs = [ix.a_offset(row, self.k, kb, lane, self.wsz) for lane, row in enumerate(rows)]
-            return self.w[torch.tensor(offs)[:, None] + torch.arange(run)]
-        chunks = []
-        for c in range(ix.chunks_per_run(self.wsz)):
-            offs = [ix.b_chunk_offset(row, self.k, kb, lane, self.wsz, c) for lane, row in enumerate(rows)]  # fmt: skip
-            assert all(o >= 0 and o + ix.SHUFFLE_K <= self.n * self.k for o in offs)
-            chunks.append(self.w[torch.tensor(offs)[:, None] + torch.arange(ix.SHUFFLE_K)])
-        return torch.cat(chunks, dim=1)
-
-    def _mma_k_block(self, a_run, b_run):
-        """[wsz, acc rows] of one 16x16 tile over one k-block, through the atom's lane tables."""
-        per_mma = 16 * ix.MMA_K[self.mma] // self.wsz
-        acc = torch.zeros(self.wsz, ix.acc_rows_per_lane(self.wsz))
-        for step in range(ix.mma_steps(self.mma)):
-            part = slice(step * per_mma, (step + 1) * per_mma)
-            a_tile = torch.zeros(16 * ix.MMA_K[self.mma])
-            b_tile = torch.zeros(16 * ix.MMA_K[self.mma])
-            a_tile[self.a_idx] = a_run[:, part]
-            b_tile[self.b_idx] = b_run[:, part]
-            c_tile = a_tile.view(16, -1) @ b_tile.view(16, -1).T
-            acc += c_tile.reshape(-1)[self.c_idx]
-        return acc
-
-    # one block ------------------------------------------------------------------------
-
-    def _coords(self, origin_m, origin_n, wave):
-        wave_m, wave_n = ix.wave_origin(wave, self.tile.tile_m, self.tile.tile_n)
-        reps_m, reps_n = ix.mma_repeats(self.tile.tile_m, self.tile.tile_n)
-        return [
-            (i, j, lane, e, *ix.c_coord(origin_m, origin_n, wave_m, wave_n, i, j, lane, e, self.wsz))  # fmt: skip
-            for i in range(reps_m)
-            for j in range(reps_n)
-            for lane in range(self.wsz)
-            for e in range(ix.acc_rows_per_lane(self.wsz))
-        ]
-
-    def _wave_accs(self, origin_m, origin_n, wave, split):
-        tile, m, n = self.tile, self.m, self.n
-        wave_m, wave_n = ix.wave_origin(wave, tile.tile_m, tile.tile_n)
-        reps_m, reps_n = ix.mma_repeats(tile.tile_m, tile.tile_n)
-        a_rows = self._rows(origin_m, wave_m, reps_m, m)
-        b_rows = self._rows(origin_n, wave_n, reps_n, n)
-        accs = torch.zeros(reps_m, reps_n, self.wsz, ix.acc_rows_per_lane(self.wsz))
-        coords = {(i, j, lane, e): (r, c) for i, j, lane, e, r, c in self._coords(origin_m, origin_n, wave)}  # fmt: skip
-
-        def block_product(k_blocks):
-            part = torch.zeros_like(accs)
-            for kb in k_blocks:
-                a_runs = [self._a_runs(a_rows[i], kb) for i in range(reps_m)]
-                b_runs = [self._b_runs(b_rows[j], kb) for j in range(reps_n)]
-                for i in range(reps_m):
-                    for j in range(reps_n):
-                        part[i, j] += self._mma_k_block(a_runs[i], b_runs[j])
-            return part
-
-        if self.family == "bpreshuffle":
-            begin, end = ix.split_k_range(split, self.k // ix.K_BLOCK, self.split_k)
-            return block_product(_k_blocks_visited(begin, end, tile.tile_k // ix.K_BLOCK))
-        num_sb = self.k // ix.SCALE_BLOCK
-        begin, end = ix.split_k_range(split, num_sb, self.split_k)
-        for sb in range(begin, end):
-            per = ix.K_BLOCKS_PER_SCALE_BLOCK
-            part = block_product(range(sb * per, (sb + 1) * per))
-            for (i, j, lane, e), (row, col) in coords.items():
-                xs = self.xs[ix.x_scale_offset(_pick(row < m, row, m - 1), sb, num_sb)]
-                ws = self.ws[ix.w_scale_offset(_pick(col < n, col, n - 1), sb, num_sb)]
-                accs[i, j, lane, e] += part[i, j, lane, e] * xs * ws
-        return accs
-
-    def _epilogue(self, value, row, col):
-        """Scale (bpreshuffle only) and cast one fp32 value, as the kernel's epilogue."""
-        if self.family == "bpreshuffle":
-            value = value * self.xs[_pick(row < self.m, row, self.m - 1)]
-            value = value * self.ws[_pick(col < self.n, col, self.n - 1)]
-        return value.to(self.out_dtype).float()
+        self.races: list[str] = []
+        self.stats: dict = {}
 
     def _store_out(self, row, col, value):
-        if ix.in_bounds(row, col, self.m, self.n):
-            off = ix.c_offset(row, col, self.n)
-            self.out[off] = value
+        if row < self.m and col < self.n:
+            off = mx.c_offset(row, col, self.n)
+            self.out[off] = round_to(value, self.out_dtype)
             self.out_writes[off] += 1
 
     def run_block(self, split, bid_m, bid_n):
-        tile, m, n = self.tile, self.m, self.n
-        origin_m, origin_n = ix.block_origin(bid_m, bid_n, tile.tile_m, tile.tile_n)
-        waves = range(ix.WAVES_PER_BLOCK)
-        accs = {w: self._wave_accs(origin_m, origin_n, w, split) for w in waves}
-        coords = {w: self._coords(origin_m, origin_n, w) for w in waves}
+        tile, m, n, k = self.tile, self.m, self.n, self.k
+        blockscale = self.family == "blockscale"
+        origin_m, origin_n = mx.block_origin(bid_m, bid_n, tile.tile_m, tile.tile_n)
+        nthreads = mx.threads(self.mma)
+        stage = mx.lds_bytes(tile.tile_m, tile.tile_n, tile.tile_k, 1, 4, self.mma)
+        xs_base = -(-stage // 16) * 16  # the x-scale slots: their own allocation, after A's
+        wg = WorkGroup(
+            mma=self.mma, arch=self.arch, tile=tile, elem_bytes=1, a_flat=self.x,
+            a_rows=lambda r: ((origin_m + r) * k, r < m - origin_m),
+            b_flat=self.w, b_base=origin_n * k, b_rows=n - origin_n, b_shuffled=not blockscale,
+            k=k, origin=(origin_m, origin_n), lds_bytes=xs_base + 4 * nthreads,
+        )  # fmt: skip
+        units = self.num_sb if blockscale else k // g.K_BLOCK
+        unit_blocks = 2 if blockscale else 1
+        sb_begin, sb_end = mx.split_k_range(split, units, self.split_k)
+
+        def w_scale(col, sb):
+            return float(self.ws[(col // 128) * self.num_sb + sb]) if col < n else 0.0
+
+        def on_store(wg, t):  # every thread stages x_scale[row tid, sb] beside A
+            sb = sb_begin + t
+            for wave in range(mx.WAVES_PER_BLOCK):
+                lane_bytes = []
+                for lane in range(wg.wsz):
+                    tid = wave * wg.wsz + lane
+                    row = origin_m + tid
+                    ok = tid < tile.tile_m and row < m and 0 <= sb < self.num_sb
+                    value = float(self.xs[row * self.num_sb + sb]) if ok else 0.0
+                    wg.lds.store(wave, xs_base + 4 * tid, [value], 4)
+                    lane_bytes.append(xs_base + 4 * tid)
+                wg.lds.instruction("x-scale write", wave, lane_bytes, 4)
+
+        def k_tile(wg, b_runs, accs, t):  # each A repeat's partial, scaled, added
+            sb = sb_begin + t
+            rows_per_lane = mx.acc_rows_per_lane(wg.mma)
+            for wave in range(mx.WAVES_PER_BLOCK):
+                for i in range(wg.reps_m):
+                    partial = wg.zero(wg.reps_n)
+                    wg.mma_k_tile_rep(b_runs, wave, i, partial)
+                    first = [xs_base + 4 * wg.lane_row(i, lane, 0) for lane in range(wg.wsz)]
+                    wg.lds.instruction("x-scale read", wave, first, 4 * rows_per_lane)
+                    for j in range(wg.reps_n):
+                        for lane in range(wg.wsz):
+                            xs = wg.lds.load(first[lane], rows_per_lane, 4)
+                            ws = w_scale(origin_n + wg.lane_col(wave, j, lane), sb)
+                            acc = accs[wave][i * wg.reps_n + j][lane]
+                            for e in range(rows_per_lane):
+                                scaled = round_to(
+                                    round_to(partial[j][lane][e] * xs[e], torch.float32) * ws,
+                                    torch.float32,
+                                )
+                                acc[e] = round_to(acc[e] + scaled, torch.float32)  # fmt: skip
+
+        accs = wg.main_loop(sb_begin * unit_blocks, sb_end * unit_blocks,
+                            k_tile=k_tile if blockscale else None,
+                            on_store=on_store if blockscale else None)  # fmt: skip
+
+        def scales_fn(wave, i, j, lane, e, acc):
+            if blockscale or self.split_k > 1:
+                return acc
+            row = origin_m + wg.lane_row(i, lane, e)
+            col = origin_n + wg.lane_col(wave, j, lane)
+            xs = float(self.xs[row]) if row < m else 0.0
+            ws = float(self.ws[col]) if col < n else 0.0
+            return round_to(round_to(acc * xs, torch.float32) * ws, torch.float32)
+
+        def store(row, col, values):
+            row, col = origin_m + row, origin_n + col
+            for e, value in enumerate(values):
+                if row < m and col + e < n:
+                    if self.split_k == 1:
+                        self._store_out(row, col + e, value)
+                    else:
+                        self.workspace[mx.workspace_offset(split, row, col + e, m, n)] = value
+
+        staged = self.out_dtype if self.split_k == 1 else torch.float32
+        wg.stage_and_store(accs, scales_fn, staged, store)
+        self.races += wg.lds.races
+        self.stats = wg.lds.stats
         if self.split_k == 1:
-            for w in waves:
-                for i, j, lane, e, row, col in coords[w]:
-                    self._store_out(row, col, self._epilogue(accs[w][i, j, lane, e], row, col))
             return
-        for w in waves:
-            for i, j, lane, e, row, col in coords[w]:
-                if ix.in_bounds(row, col, m, n):
-                    self.workspace[ix.workspace_offset(split, row, col, m, n)] = accs[w][i, j, lane, e]  # fmt: skip
         slot = ix.semaphore_slot(bid_m, bid_n, self.grid[0])
         previous = int(self.semaphore[slot])
         self.semaphore[slot] += 1
@@ -468,15 +403,30 @@ class Emulator:
             return
         assert slot not in self.reducers
         self.reducers[slot] = split
-        for w in waves:
-            for _, _, _, _, row, col in coords[w]:
-                r, c = _pick(row < m, row, m - 1), _pick(col < n, col, n - 1)
-                total = torch.tensor(0.0)
-                for s in range(self.split_k):
-                    part = self.workspace[ix.workspace_offset(s, r, c, m, n)]
-                    assert not torch.isnan(part), "read a partial before it was written"
-                    total = total + part
-                self._store_out(row, col, self._epilogue(total, row, col))
+        for wave in range(mx.WAVES_PER_BLOCK):
+            lanes = range(mx.WAVE_SIZE[self.mma])
+            for ri in range(wg.reps_m):
+                for store_pass in range(mx.out_store_passes(tile.tile_n, 4, self.mma)):
+                    for lane in lanes:
+                        row16, col, real = mx.out_read_coord(store_pass, lane, tile.tile_n, 4,
+                                                             self.mma)  # fmt: skip
+                        row = origin_m + ri * 16 + row16
+                        col = origin_n + mx.wave_col0(wave, tile.tile_n) + col
+                        if not (real and row < m and col < n):
+                            continue
+                        for e in range(4):
+                            if col + e >= n:
+                                continue
+                            total = 0.0
+                            for s in range(self.split_k):
+                                part = float(self.workspace[mx.workspace_offset(s, row, col + e,
+                                                                                m, n)])  # fmt: skip
+                                assert part == part, "read a partial before it was written"
+                                total = round_to(total + part, torch.float32)
+                            if not blockscale:
+                                total = round_to(total * float(self.xs[row]), torch.float32)
+                                total = round_to(total * float(self.ws[col + e]), torch.float32)
+                            self._store_out(row, col + e, total)
         self.semaphore[slot] = 0
 
 
@@ -508,28 +458,32 @@ def _reference(family, xq, wq, x_scale, w_scale, out_dtype):
 
 
 EMULATED = [
-    # family, mma, in dtype, tile, split_k, M, N, K, out dtype, semaphore dtype
-    ("bpreshuffle", "mfma", FNUZ, (32, 64, 128), 1, 45, 80, 320, torch.bfloat16, None),
-    ("bpreshuffle", "mfma", I8, (16, 128, 64), 3, 7, 128, 192, torch.float16, torch.int64),
-    ("bpreshuffle", "mfma", FN, (64, 64, 64), 4, 70, 64, 128, torch.bfloat16, torch.int32),
-    ("bpreshuffle", "wmma", FN, (32, 64, 128), 2, 33, 96, 320, torch.bfloat16, torch.int64),
-    ("bpreshuffle", "wmma", I8, (128, 64, 64), 1, 20, 48, 128, torch.float16, None),
-    ("blockscale", "mfma", FNUZ, (32, 64, 128), 1, 40, 128, 256, torch.bfloat16, None),
-    ("blockscale", "mfma", FN, (16, 128, 128), 3, 9, 256, 384, torch.float16, torch.int32),
-    ("blockscale", "mfma", FNUZ, (64, 64, 128), 3, 65, 128, 256, torch.bfloat16, torch.int64),
+    # family, arch, in dtype, tile, split_k, M, N, K, out dtype, semaphore dtype
+    ("bpreshuffle", "gfx942", FNUZ, (32, 64, 128), 1, 45, 80, 320, torch.bfloat16, None),
+    ("bpreshuffle", "gfx942", I8, (16, 128, 64), 3, 7, 128, 192, torch.float16, torch.int64),
+    ("bpreshuffle", "gfx950", FN, (64, 64, 64), 4, 70, 64, 128, torch.bfloat16, torch.int32),
+    ("bpreshuffle", "gfx950", FN, (256, 128, 64), 1, 20, 144, 128, torch.bfloat16, None),
+    ("bpreshuffle", "gfx1250", FN, (32, 64, 128), 2, 33, 96, 320, torch.bfloat16, torch.int64),
+    ("bpreshuffle", "gfx1250", I8, (128, 64, 64), 1, 20, 48, 128, torch.float16, None),
+    ("blockscale", "gfx942", FNUZ, (32, 64, 128), 1, 40, 128, 256, torch.bfloat16, None),
+    ("blockscale", "gfx950", FN, (16, 128, 128), 3, 9, 256, 384, torch.float16, torch.int32),
+    ("blockscale", "gfx942", FNUZ, (64, 64, 128), 3, 65, 128, 256, torch.bfloat16, torch.int64),
 ]
 
 
 @pytest.mark.parametrize(
-    ("family", "mma", "dtype", "tile", "split_k", "m", "n", "k", "out_dtype", "sem_dtype"), EMULATED
+    ("family", "arch", "dtype", "tile", "split_k", "m", "n", "k", "out_dtype", "sem_dtype"),
+    EMULATED,
 )
-def test_emulated_kernel_matches_torch(family, mma, dtype, tile, split_k, m, n, k, out_dtype, sem_dtype) -> None:  # fmt: skip
+def test_emulated_work_groups_match_torch(family, arch, dtype, tile, split_k, m, n, k, out_dtype, sem_dtype) -> None:  # fmt: skip
+    """Bit-exact against torch (small integers, power-of-two scales), every element written
+    once, no LDS race, and the split-K hand-off reduces each tile once in its last block."""
     seed = m * 1000 + n + k + split_k
     xq, wq, x_scale, w_scale = _inputs(family, dtype, m, n, k, seed)
     stored = preshuffle.shuffle_weight(wq, g.BPRESHUFFLE_LAYOUT) if family == "bpreshuffle" else wq
     tile = g.A8W8Tile(*tile)
-    emu = Emulator(family, mma, xq, stored, x_scale, w_scale, out_dtype, tile, split_k,
-                   sem_dtype or torch.int64)  # fmt: skip
+    emu = A8W8Emulation(family, arch, xq, stored, x_scale, w_scale, out_dtype, tile, split_k,
+                        sem_dtype or torch.int64)  # fmt: skip
     grid_x, grid_y, grid_z = emu.grid
     blocks = [(s, by, bx) for s in range(grid_z) for by in range(grid_y) for bx in range(grid_x)]
     # Blocks of one launch arrive in any order: a seeded shuffle of the whole grid.
@@ -543,6 +497,9 @@ def test_emulated_kernel_matches_torch(family, mma, dtype, tile, split_k, m, n, 
     expected = _reference(family, xq, wq, x_scale, w_scale, out_dtype)
     assert torch.equal(emu.out.view(m, n).to(out_dtype), expected)
     assert torch.equal(emu.out_writes.view(m, n), torch.ones(m, n, dtype=torch.int32))
+    assert emu.races == []
+    for kind in ("A write", "A read"):
+        assert emu.stats[kind].extra_cycles == 0, conflict_summary(emu.stats)
     if split_k > 1:
         # The block that arrived last reduced its tile, every tile once, semaphores back to 0.
         assert emu.reducers == last_split
