@@ -30,13 +30,14 @@ BP, BS = "flydsl_a8w8_bpreshuffle", "flydsl_a8w8_blockscale"
 BP_HEADER = ",".join(A8W8_BPRESHUFFLE.header)
 BS_HEADER = ",".join(A8W8_BLOCKSCALE.header)
 GFX1250_REASON = "flydsl_a8w8_blockscale has no wmma kernels (only mfma)"
-ALL_BP_TILES = (
-    "16x64x64, 16x64x128, 16x128x64, 16x128x128, 32x64x64, 32x64x128, 32x128x64, 32x128x128, "
-    "64x64x64, 64x64x128, 64x128x64, 64x128x128, 128x64x64, 128x64x128, 128x128x64, 128x128x128"
+ALL_BP_TILES = ", ".join(
+    f"{m}x{n}x{k}"
+    for m in (16, 32, 64, 128, 256)
+    for n in (64, 128, 256)
+    for k in (64, 128)
+    if (m, n, k) != (256, 256, 128)  # over the register budget
 )
-ALL_BS_TILES = (
-    "16x64x128, 16x128x128, 32x64x128, 32x128x128, 64x64x128, 64x128x128, 128x64x128, 128x128x128"
-)
+ALL_BS_TILES = ", ".join(f"{m}x{n}x128" for m in (16, 32, 64, 128, 256) for n in (64, 128))
 FAMILY_TILES = [
     pytest.param(
         family,
@@ -159,8 +160,8 @@ def test_malformed_blockscale_name_on_wmma_offers_no_wmma_examples() -> None:
     [
         (config.BPRESHUFFLE, "mfma", "16x64x32", ALL_BP_TILES),  # an a16w16 tile_k
         (config.BPRESHUFFLE, "wmma", "48x64x128", ALL_BP_TILES),
-        (config.BPRESHUFFLE, "mfma", "16x256x128", ALL_BP_TILES),
-        (config.BPRESHUFFLE, "mfma", "256x128x128", ALL_BP_TILES),
+        (config.BPRESHUFFLE, "mfma", "16x96x128", ALL_BP_TILES),
+        (config.BPRESHUFFLE, "mfma", "48x128x128", ALL_BP_TILES),
         (config.BLOCKSCALE, "mfma", "16x64x64", ALL_BS_TILES),  # tile_k is the 128 scale block
         (config.BLOCKSCALE, "mfma", "128x128x256", ALL_BS_TILES),
     ],
@@ -186,8 +187,9 @@ def test_unsupported_tile(family, mma: str, tile: str, supported: str) -> None:
         # tile_m 128 >= 100; n=128: 1 x 64 = 64 < 80, n=64: 1 x 128 >= 80 -> 64;
         # 192 = 1.5 x 128, 3 x 64 -> tile_k 64. Split: 128 blocks x 2 > 80 -> 1.
         (config.BPRESHUFFLE, 100, 8192, 192, 80, (128, 64, 64), 1),
-        # tile_m 128 (capped); 32 x 32 = 1024 blocks >= 304 with n=128. The output fills the GPU.
-        (config.BPRESHUFFLE, 4096, 4096, 8192, 304, (128, 128, 128), 1),
+        # tile_m 256 (capped); n=256: 16 x 16 = 256 < 304 blocks, n=128: 512 >= 304. The
+        # output fills the GPU.
+        (config.BPRESHUFFLE, 4096, 4096, 8192, 304, (256, 128, 128), 1),
         # tile_m 16; 1 x 20 blocks of n=64; 128 | 8192. 20 blocks, 64 k-tiles: 2, 4, 8 all fit
         # (160 <= 304, 64 // 8 = 8 >= 4): MAX_SPLIT_K.
         (config.BPRESHUFFLE, 3, 1280, 8192, 304, (16, 64, 128), 8),

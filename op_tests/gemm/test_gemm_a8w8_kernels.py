@@ -277,7 +277,10 @@ def test_tiles_fit_the_kernel(tiles, mma) -> None:
         assert tile.tile_k % g.K_BLOCK == 0
         if tiles is g.BLOCKSCALE_TILES:
             assert tile.tile_k == ix.SCALE_BLOCK and tile.tile_m <= mx.threads(mma)
-        assert g.tile_problem(tile, mma) is None
+        problem = (
+            g.blockscale_tile_problem if tiles is g.BLOCKSCALE_TILES else g.bpreshuffle_tile_problem
+        )
+        assert problem(tile, mma) is None
 
 
 # --- the kernels, emulated on CPU ---------------------------------------------------------

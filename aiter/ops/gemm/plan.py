@@ -24,6 +24,8 @@ from aiter.ops.gemm.kernels.a8w8 import (
     BPRESHUFFLE_K_MULTIPLE,
     BPRESHUFFLE_N_MULTIPLE,
     BPRESHUFFLE_TILES,
+    blockscale_tile_problem,
+    bpreshuffle_tile_problem,
 )
 from aiter.ops.gemm.kernels.a16w16 import K_MULTIPLE as A16W16_K_MULTIPLE
 from aiter.ops.gemm.kernels.a16w16 import N_MULTIPLE as A16W16_N_MULTIPLE
@@ -209,10 +211,15 @@ BPRESHUFFLE = KernelFamily(
     BPRESHUFFLE_TILES,
     BPRESHUFFLE_N_MULTIPLE,
     BPRESHUFFLE_K_MULTIPLE,
+    tile_problem=bpreshuffle_tile_problem,
 )
 # The kernels need N and K multiples of the scale block, as the scales' shapes do already.
 BLOCKSCALE = KernelFamily(
-    gemm_table.BLOCKSCALE_KERNELS, BLOCKSCALE_TILES, BLOCKSCALE_BLOCK, BLOCKSCALE_BLOCK
+    gemm_table.BLOCKSCALE_KERNELS,
+    BLOCKSCALE_TILES,
+    BLOCKSCALE_BLOCK,
+    BLOCKSCALE_BLOCK,
+    tile_problem=blockscale_tile_problem,
 )
 
 

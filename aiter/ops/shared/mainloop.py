@@ -43,10 +43,21 @@ def mma_k(mma: str) -> int:
     return 32 if get_rocm_arch().startswith("gfx95") else 16
 
 
-def buffer_rows(ptr, first_row, rows_left, row_elems, elem_bytes: int):
-    """A buffer pointer at row `first_row` of a row-major matrix, holding `rows_left` rows of
-    `row_elems` elements (capped below the out-of-range offset)."""
+def buffer_rows(ptr, first_row, rows_left, row_elems, elem_bytes: int, tile_rows=None):
+    """A buffer pointer at row `first_row` of a row-major matrix, holding the `rows_left` rows
+    of `row_elems` elements left there, or only the first `tile_rows` of them.
+
+    With tile_rows (the block's rows; the launcher checks tile_rows x row bytes fits below the
+    out-of-range offset) the byte count is 32-bit scalar arithmetic; a 64-bit clamp is a VALU
+    min on gfx1250, and a descriptor in VGPRs costs a waterfall loop around every load."""
     base = ptr + fx.Int64(first_row) * fx.Int64(row_elems)
+    if tile_rows is not None:
+        rows = (rows_left < tile_rows).select(rows_left, fx.Int32(tile_rows))
+        rows = (rows > 0).select(rows, fx.Int32(0))
+        nbytes = fx.Int32(rows * row_elems * elem_bytes)
+        # The count is uniform; saying so keeps the descriptor in SGPRs on every arch.
+        nbytes = fx.Int32(rocdl.readfirstlane(fx.Int32.ir_type, nbytes))
+        return rocdl.make_buffer_ptr(base, fx.Int64(nbytes))
     nbytes = fx.Int64(rows_left) * fx.Int64(row_elems) * elem_bytes
     nbytes = (nbytes > 0).select(nbytes, fx.Int64(0))
     nbytes = (nbytes < mx.OFFSET_LIMIT).select(nbytes, fx.Int64(mx.OFFSET_LIMIT))
@@ -104,7 +115,9 @@ class Pipeline:
         self.rows_m = m - self.origin_m
         self.rows_n = n - self.origin_n if b_rows_left is None else b_rows_left
         if a_rows is None:
-            self.a_buf = buffer_rows(fx.get_iter(a), self.origin_m, self.rows_m, k, self.elem_bytes)
+            self.a_buf = buffer_rows(
+                fx.get_iter(a), self.origin_m, self.rows_m, k, self.elem_bytes, tile_m
+            )
             a_rows = lambda r: (r * k, r < self.rows_m)  # noqa: E731
             a_chunk = lambda info, kk: (info[0] + kk, info[1])  # noqa: E731
         else:
@@ -117,7 +130,9 @@ class Pipeline:
             row, chunk = mx.a_copy_coord(q, self.cpr)
             self.copy_rows.append((a_rows(row), chunk, q < self.stage_chunks))
         if b_buffer is None:
-            b_buffer = buffer_rows(fx.get_iter(b), self.origin_n, self.rows_n, k, self.elem_bytes)
+            b_buffer = buffer_rows(
+                fx.get_iter(b), self.origin_n, self.rows_n, k, self.elem_bytes, tile_n
+            )
         self.b_buf = b_buffer
         self.b_row0 = mx.wave_col0(self.wave, tile_n)
         self.lds_a = fx.recast_iter(a.dtype, lds)
@@ -336,17 +351,97 @@ def staged_runs(p: Pipeline, out_ptr, out_dtype):
     return runs
 
 
-def load_scalar(buf, valid, element, dtype):
-    """One element of a buffer, or zero where not `valid` (scalar buffer load)."""
-    offset = valid.select(fx.Int32(element), fx.Int32(mx.OUT_OF_RANGE // 4))
-    return fx.ptr_load(buf + offset, result_type=dtype)
+def load_word(buf, valid, element):
+    """One 4-byte element of a buffer as fp32, or zero where not `valid` (the hardware's zero:
+    nothing waits on the load until its value is used)."""
+    byte = valid.select(fx.Int32(element) * 4, fx.Int32(mx.OUT_OF_RANGE))
+    word = rocdl.raw_ptr_buffer_load(fx.Int32.ir_type, rocdl.get_buffer_rsrc(buf), byte,
+                                     fx.Int32(0), 0)  # fmt: skip
+    return fx.Int32(word).bitcast(fx.Float32)
+
+
+def load_scalar(ptr, valid, element, dtype):
+    """One element at ptr + element of a global tensor, or zero where not `valid`.
+
+    A global load (the offset moved to 0 where not valid), not a buffer load: these side
+    loads (bias, scales) are few, and on gfx1250 LLVM builds their buffer descriptors in VGPRs
+    and wraps every one in a waterfall loop."""
+    value = fx.ptr_load(ptr + fx.Int64(valid.select(element, fx.Int32(0))), result_type=dtype)
+    return valid.select(value, dtype(0))
 
 
 def lane_bias(p: Pipeline, bias):
     """This lane's bias per B repeat, in fp32 (a column past N reads zero)."""
-    buf = buffer_rows(fx.get_iter(bias), p.origin_n, p.rows_n, 1, element_bytes(bias.dtype))
+    base = fx.get_iter(bias) + fx.Int64(p.origin_n)
     values = []
     for j in range_constexpr(p.reps_n):
         col = lane_col(p, j)
-        values.append(load_scalar(buf, col < p.rows_n, col, bias.dtype).to(fx.Float32))
+        values.append(load_scalar(base, col < p.rows_n, col, bias.dtype).to(fx.Float32))
     return values
+
+
+# --- B rows of the kernel's choosing (added for the MoE stages) ------------------------------
+# load_k_tile streams the block's next tile_n rows of B. A kernel whose B rows are elsewhere
+# (MoE stage 1: the gate and the up rows of its columns, interleaved or apart) loads A with
+# load_a_k_tile and its B runs with load_b_rows, then multiplies with mma_k_tile_wide.
+
+
+def load_a_k_tile(p: Pipeline, kb0, kb_end):
+    """The A half of load_k_tile: this thread's chunks of the k-tile starting at k-block kb0,
+    for store_a."""
+    kb_elems = mx.k_block(p.elem_bytes)
+    k0 = kb0 * kb_elems
+    per_chunk = mx.CHUNK_BYTES // p.elem_bytes
+    a_copy = []
+    for info, chunk, real in p.copy_rows:
+        kk = k0 + chunk * per_chunk
+        element, valid = p.a_chunk(info, kk)
+        valid = valid & (mx.chunk_k_block(kb0, chunk) < kb_end)
+        if const_expr(p.idle_threads):
+            valid = valid & real
+        if const_expr(p.k_tail):
+            valid = valid & (kk < p.k)
+        a_copy.append(load_chunk(p.a_buf, valid, element, p.dtype, p.elem_bytes))
+    return a_copy
+
+
+def load_b_rows(p: Pipeline, rows, kb0, kb_end):
+    """This lane's B runs of the k-tile starting at k-block kb0 for B repeats of the kernel's
+    choosing: rows[j] = (row of p.b_buf, valid) the lane feeds repeat j with (the row of
+    mx.operand_row(j, lane) in the kernel's own numbering). A row not valid loads zeros.
+    Returns the runs in the order mma_k_tile_wide reads them (len(rows) repeats)."""
+    kb_elems = mx.k_block(p.elem_bytes)
+    k0 = kb0 * kb_elems
+    per_chunk = mx.CHUNK_BYTES // p.elem_bytes
+    b_runs = []
+    pieces = mx.operand_chunks(p.mma)
+    for row, row_valid in rows:
+        for kb in range_constexpr(p.blocks):
+            valid = row_valid & (kb0 + kb < kb_end)
+            for piece in range_constexpr(pieces):
+                chunk = mx.operand_chunk(kb, p.lane, piece, p.mma)
+                kk = k0 + chunk * per_chunk
+                if const_expr(p.b_shuffled):
+                    element = mx.shuffled_element(row, kk, p.k)
+                else:
+                    element = row * p.k + kk
+                chunk_valid = valid & (kk < p.k) if const_expr(p.k_tail) else valid
+                b_runs.append(load_chunk(p.b_buf, chunk_valid, element, p.dtype, p.elem_bytes))
+    return b_runs
+
+
+def mma_k_tile_wide(p: Pipeline, b_runs, accs, reps_n: int):
+    """mma_k_tile over reps_n B repeats (load_b_rows of reps_n rows), each A operand read from
+    LDS once for all of them: accs[i * reps_n + j] is the tile of A repeat i and B repeat j."""
+    mma_fn = mma_16bit if const_expr(p.elem_bytes == 2) else mma_8bit
+    pieces = mx.operand_chunks(p.mma)
+    accs = list(accs)
+    for kb in range_constexpr(p.blocks):
+        for i in range_constexpr(p.reps_m):
+            a_run = _a_operand(p, i, kb)
+            for j in range_constexpr(reps_n):
+                first = (j * p.blocks + kb) * pieces
+                b_run = _join([b_runs[first + c] for c in range_constexpr(pieces)], p.elem_bytes)
+                t = i * reps_n + j
+                accs[t] = mma_fn(p, a_run, b_run, accs[t])
+    return accs

@@ -302,13 +302,15 @@ REGISTER_BUDGET = 0.78
 MMA_ARCHS = {"mfma": ("gfx942", "gfx950"), "wmma": ("gfx1250",)}
 
 
-def budget_problem(tile_m, tile_n, tile_k, elem_bytes: int, out_bytes: int, mma: str):
-    """Why a tile cannot run on every arch of its MMA flavour (LDS or registers), or None."""
-    lds = lds_bytes(tile_m, tile_n, tile_k, elem_bytes, out_bytes, mma)
+def budget_problem(tile_m, tile_n, tile_k, elem_bytes: int, out_bytes: int, mma: str,
+                   extra_lds: int = 0, extra_vgprs: int = 0):  # fmt: skip
+    """Why a tile cannot run on every arch of its MMA flavour (LDS or registers), or None;
+    extra_lds and extra_vgprs are what a kernel keeps beside the main loop's."""
+    lds = lds_bytes(tile_m, tile_n, tile_k, elem_bytes, out_bytes, mma) + extra_lds
     for arch in MMA_ARCHS[mma]:
         if lds > LDS_BYTES[arch]:
             return f"needs {lds} bytes of LDS per block, {arch} has {LDS_BYTES[arch]}"
-    vgprs = estimated_vgprs(tile_m, tile_n, tile_k, elem_bytes, mma)
+    vgprs = estimated_vgprs(tile_m, tile_n, tile_k, elem_bytes, mma) + extra_vgprs
     budget = int(LANE_REGISTERS[mma] * REGISTER_BUDGET)
     if vgprs > budget:
         return (

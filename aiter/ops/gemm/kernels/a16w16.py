@@ -70,6 +70,8 @@ def gemm_a16w16_kernel(
     kb_begin, kb_end = mx.split_k_range(split, k // K_BLOCK, split_k)
     tiles = mx.k_tiles(kb_begin, kb_end, p.blocks)
 
+    if const_expr(has_bias):
+        bias_f32 = mainloop.lane_bias(p, bias)  # loaded first, used by the epilogue
     accs = mainloop.zero_accs(p)
     a_copy, b_next = mainloop.load_k_tile(p, kb_begin, kb_end)
     # Runtime loop; accs, a_copy and b_next are reassigned, so they are carried.
@@ -90,8 +92,6 @@ def gemm_a16w16_kernel(
     # Epilogue: 16 rows at a time through each wave's own LDS staging area, stored as
     # 16-byte runs along rows; runs that cross column N store element by element.
     out_lds = fx.recast_iter(out_dtype, lds)
-    if const_expr(has_bias):
-        bias_f32 = mainloop.lane_bias(p, bias)
     pc = fx.get_iter(c)
     vec = mx.CHUNK_BYTES // out_bytes
     fx.barrier()  # every wave is done reading the A stage the staging areas reuse

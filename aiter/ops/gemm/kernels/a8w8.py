@@ -30,23 +30,37 @@ A8W8Tile = GemmTile  # the a8w8 kernels take the same tiles
 K_BLOCK = mx.k_block(1)
 
 
-def tile_problem(tile: A8W8Tile, mma: str) -> str | None:
+def bpreshuffle_tile_problem(tile: A8W8Tile, mma: str) -> str | None:
     """Why a tile does not fit the arch's LDS or registers, or None."""
     return mx.budget_problem(tile.tile_m, tile.tile_n, tile.tile_k, 1, 4, mma)
 
 
-def _fitting(tiles: tuple[A8W8Tile, ...], mma: str) -> tuple[A8W8Tile, ...]:
-    return tuple(t for t in tiles if tile_problem(t, mma) is None)
+def blockscale_tile_problem(tile: A8W8Tile, mma: str) -> str | None:
+    """As for bpreshuffle, with the k-tile's x scales staged in LDS (a slot per thread) and
+    one A repeat's partial live beside the accumulators."""
+    if SCALE_BLOCK % tile.tile_n:
+        return (
+            f"has {tile.tile_n} columns: a block must lie in one {SCALE_BLOCK}-column weight block"
+        )
+    if tile.tile_m > mx.threads(mma):
+        return (
+            f"has {tile.tile_m} rows, more than the {mx.threads(mma)} threads that stage x scales"
+        )
+    extra_lds = 4 * mx.threads(mma)
+    extra_vgprs = mx.mma_repeats(tile.tile_m, tile.tile_n)[1] * mx.acc_rows_per_lane(mma)
+    return mx.budget_problem(tile.tile_m, tile.tile_n, tile.tile_k, 1, 4, mma, extra_lds,
+                             extra_vgprs)  # fmt: skip
 
 
 BPRESHUFFLE_CANDIDATES = tile_grid((16, 32, 64, 128, 256), (64, 128, 256), (64, 128))
 BPRESHUFFLE_TILES: dict[str, tuple[A8W8Tile, ...]] = {
-    mma: _fitting(BPRESHUFFLE_CANDIDATES, mma) for mma in ("mfma", "wmma")
+    mma: tuple(t for t in BPRESHUFFLE_CANDIDATES if bpreshuffle_tile_problem(t, mma) is None)
+    for mma in ("mfma", "wmma")
 }
 # One scale block per k-tile; there is no gfx1250 (WMMA) blockscale kernel.
 BLOCKSCALE_CANDIDATES = tile_grid((16, 32, 64, 128, 256), (64, 128), (SCALE_BLOCK,))
 BLOCKSCALE_TILES: dict[str, tuple[A8W8Tile, ...]] = {
-    "mfma": _fitting(BLOCKSCALE_CANDIDATES, "mfma")
+    "mfma": tuple(t for t in BLOCKSCALE_CANDIDATES if blockscale_tile_problem(t, "mfma") is None)
 }
 MMA_FLAVOURS = ("mfma", "wmma")
 BPRESHUFFLE_K_MULTIPLE = K_BLOCK
@@ -80,11 +94,14 @@ def semaphore_size(m: int, n: int, tile: A8W8Tile) -> int:
 
 
 class Scales:
-    """Buffers and block-relative bounds of x_scale and w_scale."""
+    """Where x_scale (from the block's first row) and w_scale start."""
 
-    def __init__(self, p, x_scale, w_scale, m, n, num_sb):
-        self.x_buf = mainloop.buffer_rows(fx.get_iter(x_scale), p.origin_m, p.rows_m, num_sb, 4)
-        self.w_buf = rocdl.make_buffer_ptr(fx.get_iter(w_scale), fx.Int64(mx.OFFSET_LIMIT))
+    def __init__(self, p, x_scale, w_scale, num_sb):
+        self.x_buf = fx.get_iter(x_scale) + fx.Int64(p.origin_m) * fx.Int64(num_sb)
+        self.x_rows = mainloop.buffer_rows(
+            fx.get_iter(x_scale), p.origin_m, p.rows_m, num_sb, 4, p.tile_m
+        )
+        self.w_buf = fx.get_iter(w_scale)
         self.num_sb = num_sb
 
 
@@ -92,7 +109,7 @@ def _load_x_scale(p, sc: Scales, sb):
     """x_scale[row, sb] of block row `tid` (thread tid < tile_m), for the LDS copy."""
     row = p.tid
     valid = (row < p.tile_m) & (row < p.rows_m)
-    return mainloop.load_scalar(sc.x_buf, valid, row * sc.num_sb + sb, fx.Float32)
+    return mainloop.load_word(sc.x_rows, valid, row * sc.num_sb + sb)
 
 
 def _store_x_scale(p, xs_lds, value):
@@ -119,24 +136,29 @@ def _lane_x_scales(p, sc: Scales, sb):
     return per_rep
 
 
-def _lane_w_scales(p, sc: Scales, sb, per_block: bool):
-    """The lane's column scales per B repeat: w_scale[col // 128, sb] for 128x128 weight
-    blocks (blockscale), else the per-channel w_scale[0, col]."""
+def _lane_w_scales(p, sc: Scales):
+    """The lane's per-channel w_scale[0, col] per B repeat (bpreshuffle)."""
     values = []
     for j in range_constexpr(p.reps_n):
         col = p.origin_n + mainloop.lane_col(p, j)
         valid = mainloop.lane_col(p, j) < p.rows_n
-        elem = (col // SCALE_BLOCK) * sc.num_sb + sb if const_expr(per_block) else col
-        values.append(mainloop.load_scalar(sc.w_buf, valid, elem, fx.Float32))
+        values.append(mainloop.load_scalar(sc.w_buf, valid, col, fx.Float32))
     return values
+
+
+def _block_w_scale(p, sc: Scales, sb):
+    """w_scale[origin_n // 128, sb]: a blockscale tile (tile_n <= 128, aligned) lies in one
+    128-column weight block, so the block shares one w scale per k-tile (a uniform load)."""
+    return fx.ptr_load(sc.w_buf + fx.Int64((p.origin_n // SCALE_BLOCK) * sc.num_sb + sb),
+                       result_type=fx.Float32)  # fmt: skip
 
 
 def _k_tile_scales(p, sc: Scales, sb, blockscale: bool):
     """Blockscale: what this thread loads of scale block sb with its k-tile: its x_scale for
-    the LDS copy, then the lane's w_scale per B repeat; bpreshuffle: nothing."""
+    the LDS copy and the block's w scale; bpreshuffle: nothing."""
     if const_expr(not blockscale):
         return []
-    return [_load_x_scale(p, sc, sb)] + _lane_w_scales(p, sc, sb, True)
+    return [_load_x_scale(p, sc, sb), _block_w_scale(p, sc, sb)]
 
 
 def _k_tile(p, b_runs, accs, xs_lds, scales, blockscale: bool):
@@ -144,14 +166,14 @@ def _k_tile(p, b_runs, accs, xs_lds, scales, blockscale: bool):
     staged in LDS with the k-tile and the lane's w scales."""
     if const_expr(not blockscale):
         return mainloop.mma_k_tile(p, b_runs, accs)
-    w_scales = scales[1:]
+    w_scale = scales[1]
     accs = list(accs)
     for i in range_constexpr(p.reps_m):
         partial = mainloop.mma_k_tile_rep(p, b_runs, i, mainloop.zero_accs(p, count=p.reps_n))
         x_scales = _read_x_scales(p, xs_lds, i)
         for j in range_constexpr(p.reps_n):
             t = i * p.reps_n + j
-            accs[t] = accs[t] + partial[j] * x_scales * w_scales[j]
+            accs[t] = accs[t] + partial[j] * x_scales * w_scale
     return accs
 
 
@@ -242,7 +264,7 @@ def gemm_a8w8_kernel(
         slots = fx.Array[fx.Float32, mx.threads(mma), mx.CHUNK_BYTES]
         xs_lds = allocator.allocate(slots).peek().ptr
     num_sb = k // SCALE_BLOCK
-    sc = Scales(p, x_scale, w_scale, m, n, num_sb if const_expr(blockscale) else 1)
+    sc = Scales(p, x_scale, w_scale, num_sb if const_expr(blockscale) else 1)
     # Blockscale splits own whole scale blocks (one k-tile each).
     units = num_sb if const_expr(blockscale) else k // K_BLOCK
     unit_blocks = K_BLOCKS_PER_SCALE_BLOCK if const_expr(blockscale) else 1
@@ -264,6 +286,7 @@ def gemm_a8w8_kernel(
             _store_x_scale(p, xs_lds, scales_cur[0])
         fx.barrier()
         a_copy, b_next = mainloop.load_k_tile(p, kb_begin + t * p.blocks, kb_end)
+        rocdl.sched_barrier(0)  # the scales after the operands: the youngest loads in flight
         scales_next = _k_tile_scales(p, sc, sb_begin + t, blockscale)
         rocdl.sched_barrier(0)  # keep the next k-tile's loads ahead of this one's MMAs
         accs = _k_tile(p, b_cur, accs, xs_lds, scales_cur, blockscale)
@@ -283,7 +306,7 @@ def gemm_a8w8_kernel(
     w_scales = None
     if const_expr(split_k == 1 and not blockscale):
         x_scales = _lane_x_scales(p, sc, 0)
-        w_scales = _lane_w_scales(p, sc, 0, False)
+        w_scales = _lane_w_scales(p, sc)
     out_lds = fx.recast_iter(staged_dtype, lds)
     dst = fx.get_iter(out) if const_expr(split_k == 1) else fx.get_iter(workspace)
     vec = mx.CHUNK_BYTES // staged_bytes
