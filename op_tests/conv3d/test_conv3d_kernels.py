@@ -1,6 +1,8 @@
-"""Tests of the conv3d implicit-GEMM FlyDSL kernels without a GPU: their index math, the conv
-kernel, split-K epilogue and pre-transpose emulated on CPU from conv3d_index.py against
-torch.nn.functional.conv3d, the weight packing and torch fallbacks (FakeTensors included), the
+"""Tests of the conv3d implicit-GEMM FlyDSL kernels without a GPU: their index math; the conv
+kernel replayed work-group by work-group, phase by phase, on the shared main-loop emulator
+(op_tests/shared/mainloop_emulation.py) with the kernel's own index functions (bit-exact against
+torch.nn.functional.conv3d, no LDS race, bank conflicts counted); the split-K epilogue and
+pre-transpose emulated on CPU; the weight packing and torch fallbacks (FakeTensors included), the
 launchers' argument checks, and compilation per arch."""
 
 from __future__ import annotations
@@ -8,6 +10,8 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections import defaultdict
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -18,8 +22,15 @@ from aiter import flydsl_bridge as bridge
 from aiter.aot.flydsl.dry_run import dry_run
 from aiter.ops.conv3d.kernels import implicit_gemm as cv
 from aiter.ops.conv3d.kernels import implicit_gemm_index as ix
-from aiter.ops.shared import gemm_index as a16
+from aiter.ops.shared import mainloop_index as mx
 from op_tests.compile_child import LIST_THEN_BUILD, compile_env, disassemble_or_skip, run_child
+from op_tests.shared.mainloop_emulation import (
+    AccessStats,
+    WorkGroup,
+    _buffer_load,
+    conflict_summary,
+    round_to,
+)
 
 
 def _pick(cond, a, b):
@@ -40,13 +51,21 @@ INPUT_DTYPES = (torch.bfloat16, torch.float16)
 
 def test_constants() -> None:
     assert cv.CHANNEL_VECTOR == ix.CHANNEL_VECTOR == 16
-    assert cv.K_STEP == ix.K_STEP == 64 and ix.K_STEP % a16.K_BLOCK == 0
+    assert cv.K_STEP == ix.K_STEP == ix.TILE_K == 64 and ix.TILE_K % ix.K_BLOCK == 0
+    assert ix.K_BLOCK == mx.k_block(2) == 32
     assert cv.LAYOUTS == ("NCDHW", "NDHWC")
     assert cv.MMA_FLAVOURS == ("mfma", "wmma")
     assert cv.WORKSPACE_DTYPE is torch.float32
     assert cv.INPUT_DTYPES == INPUT_DTYPES
+    # A copied chunk (8 elements) and a lane's MMA run (8 or 16) start at multiples of their
+    # length, so with Cgp a multiple of 16 none crosses a tap.
     for mma in cv.MMA_FLAVOURS:
-        assert ix.run_fits_a_tap(a16.WAVE_SIZE[mma])
+        assert ix.CHANNEL_VECTOR % mx.lane_run(mma) == 0
+    assert ix.CHANNEL_VECTOR % (mx.CHUNK_BYTES // 2) == 0
+    # Every thread copies the same chunk of its rows in every pass (the tap math is shared).
+    for mma in cv.MMA_FLAVOURS:
+        for tile_k in (ix.TILE_K, ix.SMALL_TILE_K):
+            assert mx.threads(mma) % mx.chunks_per_row(tile_k, 2) == 0
 
 
 @pytest.mark.parametrize("mma", ["mfma", "wmma"])
@@ -60,36 +79,100 @@ def test_supported_tiles_fit_the_kernel(mma: str) -> None:
         assert tile.wave_m * tile.wave_n == ix.WAVES_PER_BLOCK
         rows, cols = ix.wave_tile(tile.tile_m, tile.tile_n, tile.wave_m, tile.wave_n)
         assert rows % ix.MMA_MN == 0 and cols % ix.MMA_MN == 0 and rows and cols
+        assert cv.tile_problem(tile, mma) is None
+        # The LDS holds the A stage of the shared loop and every wave's staging area.
+        for ob, by_column in ((2, True), (2, False), (4, False)):
+            shape = (tile.tile_m, tile.tile_n, tile.wave_m, tile.wave_n)
+            lds = ix.conv_lds_bytes(*shape, ob, by_column, mma)
+            assert lds >= mx.a_stage_bytes(tile.tile_m, ix.tile_k_of(*shape), 2)
+            assert lds >= ix.WAVES_PER_BLOCK * ix.stage_bytes(cols, ob, by_column)
     # Only the layouts whose wave sub-tile is not a multiple of 16 are missing.
     shapes = {(t.tile_m, t.tile_n, t.wave_m, t.wave_n) for t in tiles}
     assert (32, 32, 1, 4) not in shapes and (32, 64, 4, 1) not in shapes
     assert (128, 128, 1, 4) in shapes and (32, 32, 2, 2) in shapes
+    budgets = {str(t): cv.tile_problem(t, mma) for t in tiles}
+    print(f"\n{mma}: all {len(budgets)} conv tiles fit (tile_problem is None)")
 
 
 @pytest.mark.parametrize("mma", ["mfma", "wmma"])
 def test_every_tile_element_has_one_owner(mma: str) -> None:
     """Across waves, MMA repeats, lanes and accumulator elements a work-group covers its tile
-    once, and the B row a lane loads is the column its accumulators hold."""
-    wsz = a16.WAVE_SIZE[mma]
-    rpl = a16.acc_rows_per_lane(wsz)
+    once, the B row a lane streams is the column its accumulators hold, the A rows a wave reads
+    are its own, and a wave's offset A stage reads the bytes of its rows (the swizzle repeats
+    every swizzle_period rows)."""
+    wsz = mx.WAVE_SIZE[mma]
+    rpl = mx.acc_rows_per_lane(mma)
     for tile in {(t.tile_m, t.tile_n, t.wave_m, t.wave_n) for t in cv.SUPPORTED_TILES[mma]}:
+        tile_k = ix.tile_k_of(*tile)
+        assert tile_k in (ix.TILE_K, ix.SMALL_TILE_K)
+        cpr = mx.chunks_per_row(tile_k, 2)
+        assert ix.MMA_MN % ix.swizzle_period(tile_k, 2) == 0
         reps_m, reps_n = ix.wave_repeats(*tile)
         owners = torch.zeros(tile[0], tile[1], dtype=torch.int32)
         loaded = set()
         for wave in range(ix.WAVES_PER_BLOCK):
-            wave_m, wave_n = ix.wave_origin(wave, *tile)
+            row0, col0 = ix.wave_origin(wave, *tile)
             for lane in range(wsz):
                 for i in range(reps_m):
-                    loaded.add(a16.operand_row(0, wave_m, i, lane))
+                    row = mx.operand_row(i, lane)
+                    loaded.add(row0 + row)
+                    for chunk in range(cpr):
+                        assert ix.a_wave_lds_byte(row0, tile_k, 2) + mx.a_lds_byte(
+                            row, chunk, cpr
+                        ) == mx.a_lds_byte(row0 + row, chunk, cpr)
                 for j in range(reps_n):
-                    b_row = a16.operand_row(0, wave_n, j, lane)
+                    b_row = col0 + mx.operand_row(j, lane)
                     for i in range(reps_m):
                         for e in range(rpl):
-                            r, c = a16.c_coord(0, 0, wave_m, wave_n, i, j, lane, e, wsz)
+                            r = row0 + i * ix.MMA_MN + mx.acc_row(lane, e, mma)
+                            c = col0 + j * ix.MMA_MN + mx.acc_col(lane)
                             assert c == b_row
                             owners[r, c] += 1
         assert loaded == set(range(tile[0])), tile
         assert torch.equal(owners, torch.ones_like(owners)), tile
+
+
+@pytest.mark.parametrize("mma", ["mfma", "wmma"])
+@pytest.mark.parametrize("by_column", [False, True])
+@pytest.mark.parametrize("out_bytes", [2, 4])
+def test_staging_reads_back_every_element_once(mma: str, by_column: bool, out_bytes: int) -> None:
+    """The epilogue's staging: every accumulator element of a wave's 16 rows has its own LDS
+    place inside the wave's area, and the 16-byte runs read back cover each exactly once, at
+    the (row, column) it holds."""
+    if by_column and out_bytes == 4:
+        pytest.skip("NCDHW staging holds the output dtype (2 bytes) only")
+    wsz = mx.WAVE_SIZE[mma]
+    vec = mx.CHUNK_BYTES // out_bytes
+    for wave_cols in (16, 32, 64, 128):
+        reps_n = wave_cols // ix.MMA_MN
+        area = ix.stage_bytes(wave_cols, out_bytes, by_column)
+        place = {}
+        for j in range(reps_n):
+            for lane in range(wsz):
+                first = ix.stage_write_byte(1, j, lane, 0, wave_cols, out_bytes, by_column, mma)
+                for e in range(mx.acc_rows_per_lane(mma)):
+                    byte = ix.stage_write_byte(1, j, lane, e, wave_cols, out_bytes, by_column, mma)
+                    if by_column:
+                        assert byte == first + e * out_bytes  # one vector per lane
+                    assert area <= byte < 2 * area
+                    key = (mx.acc_row(lane, e, mma), j * ix.MMA_MN + mx.acc_col(lane))
+                    assert byte not in place.values()
+                    place[key] = byte - area
+        assert len(place) == ix.MMA_MN * wave_cols
+        seen = set()
+        for store_pass in range(ix.stage_read_passes(wave_cols, out_bytes, by_column, mma)):
+            for lane in range(wsz):
+                row, col, real, byte = ix.stage_read_coord(store_pass, lane, wave_cols,
+                                                           out_bytes, by_column, mma)  # fmt: skip
+                if not real:
+                    continue
+                assert byte % mx.CHUNK_BYTES == 0
+                for e in range(vec):
+                    key = (row + e, col) if by_column else (row, col + e)
+                    assert place[key] == byte + e * out_bytes
+                    assert key not in seen
+                    seen.add(key)
+        assert seen == set(place)
 
 
 @pytest.mark.parametrize("wgm", cv.WGM_CHOICES)
@@ -114,55 +197,46 @@ def test_grid_and_groups() -> None:
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("mma", ["mfma", "wmma"])
 @pytest.mark.parametrize("cg", [1, 3, 16, 17, 40])
-def test_runs_stay_in_one_tap(mma: str, cg: int) -> None:
-    """Every lane's run starts at a multiple of its length, so with Cgp a multiple of 16 its
-    elements share one tap and are consecutive channels of it."""
-    wsz = a16.WAVE_SIZE[mma]
-    run = a16.k_run(wsz)
+def test_chunks_stay_in_one_tap(cg: int) -> None:
+    """Every 16-byte chunk the main loop copies starts at a multiple of 8, so with Cgp a
+    multiple of 16 its elements share one tap and are consecutive channels of it; the element
+    a_chunk_element gives is that tap's input element."""
+    per_chunk = mx.CHUNK_BYTES // 2
     cgp = ix.padded_channels(cg)
     assert cgp % ix.CHANNEL_VECTOR == 0 and cg <= cgp < cg + ix.CHANNEL_VECTOR
-    reduction = ix.reduction_size(cgp, 3, 2, 3)
-    for kb in range(ix.num_k_blocks(reduction)):
-        for lane in range(wsz):
-            r = ix.run_start(kb, lane, wsz)
-            first = ix.reduction_coords(r, cgp, 2, 3)
-            last = ix.reduction_coords(r + run - 1, cgp, 2, 3)
-            assert first[:3] == last[:3] and last[3] == first[3] + run - 1
+    kernel = (3, 2, 3)
+    reduction = ix.reduction_size(cgp, *kernel)
+    for r in range(0, reduction, per_chunk):
+        first = ix.reduction_coords(r, cgp, 2, 3)
+        last = ix.reduction_coords(r + per_chunk - 1, cgp, 2, 3)
+        assert first[:3] == last[:3] and last[3] == first[3] + per_chunk - 1
 
 
-def test_reduction_coords_invert_the_packing() -> None:
-    kh, kw, cgp = 2, 3, 32
-    r = 0
-    for t in range(2):
-        for h in range(kh):
-            for w in range(kw):
-                for c in range(cgp):
-                    assert ix.packed_weight_index(5, t, h, w, c, kh, kw, cgp) == (5, r)
-                    assert ix.reduction_coords(r, cgp, kh, kw) == (t, h, w, c)
-                    r += 1
-
-
+@pytest.mark.parametrize("tile_k", [ix.TILE_K, ix.SMALL_TILE_K])
 @pytest.mark.parametrize("split_k", [1, 2, 3, 4, 7])
 @pytest.mark.parametrize("reduction", [16, 32, 48, 64, 80, 432, 1024])
-def test_split_ranges_cover_the_reduction_once(split_k: int, reduction: int) -> None:
-    """The unmasked runs of all splits' steps cover every reduction index exactly once (per
-    operand row: the lanes of one row, lane % 16 == 0 here, split each k-block into runs)."""
-    for wsz in (32, 64):
-        run = a16.k_run(wsz)
-        covered = torch.zeros(reduction, dtype=torch.int32)
-        for split in range(split_k):
-            kb_begin, steps, r_end = ix.split_range(split, reduction, split_k, _pick)
-            assert r_end <= reduction and r_end % ix.CHANNEL_VECTOR == 0
-            for step in range(steps):
-                for sub in range(ix.BLOCKS_PER_STEP):
-                    for lane in range(0, wsz, ix.MMA_MN):
-                        r = ix.run_start(ix.step_block(kb_begin, step, sub), lane, wsz)
-                        if r < r_end:
-                            assert r + run <= r_end
-                            covered[r : r + run] += 1
-        assert torch.equal(covered, torch.ones_like(covered)), (wsz, split_k)
+def test_split_ranges_cover_the_reduction_once(split_k: int, reduction: int, tile_k: int) -> None:
+    """The chunks the main loop loads unmasked (k-block before the split's end, index before the
+    reduction's end when the taps are odd) cover every reduction index exactly once."""
+    per_chunk = mx.CHUNK_BYTES // 2
+    cpr = mx.chunks_per_row(tile_k, 2)
+    blocks = tile_k // ix.K_BLOCK
+    covered = torch.zeros(reduction, dtype=torch.int32)
+    for split in range(split_k):
+        kb_begin, kb_end = ix.split_blocks(split, reduction, split_k)
+        for t in range(mx.k_tiles(kb_begin, kb_end, blocks)):
+            kb0 = kb_begin + t * blocks
+            for chunk in range(cpr):
+                kk = kb0 * ix.K_BLOCK + chunk * per_chunk
+                if mx.chunk_k_block(kb0, chunk) < kb_end and kk < reduction:
+                    covered[kk : kk + per_chunk] += 1
+    assert torch.equal(covered, torch.ones_like(covered)), split_k
+    # The tail flag: a reduction of an odd tap count can end inside a k-block, never of an even.
+    for kernel in ((1, 1, 1), (3, 3, 3), (2, 3, 1), (3, 2, 3)):
+        for cg in (1, 16, 17, 32, 48):
+            tail = ix.reduction_size(ix.padded_channels(cg), *kernel) % ix.K_BLOCK != 0
+            assert not tail or ix.has_k_tail_taps(kernel)
 
 
 @pytest.mark.parametrize("layout", cv.LAYOUTS)
@@ -191,19 +265,6 @@ def test_out_offsets_address_the_layout(layout: str) -> None:
             assert ix.staging_offset(split, m, c, n * spatial, k) == (
                 (split * n * spatial + m) * k + c
             )
-
-
-@pytest.mark.parametrize("mma", ["mfma", "wmma"])
-def test_acc_coord_is_the_gemm_c_coord(mma: str) -> None:
-    wsz = a16.WAVE_SIZE[mma]
-    for lane in range(wsz):
-        row0, col0 = ix.acc_origin(32, 64, 16, 48, lane, wsz)
-        for i in range(3):
-            for j in range(2):
-                for e in range(a16.acc_rows_per_lane(wsz)):
-                    assert ix.acc_coord(row0, col0, i, j, e) == a16.c_coord(
-                        32, 64, 16, 48, i, j, lane, e, wsz
-                    )
 
 
 def test_position_coords_round_trip() -> None:
@@ -363,117 +424,225 @@ def test_torch_paths_work_on_fake_tensors_in_the_dry_run() -> None:
 # --- the kernels' arithmetic, emulated on CPU --------------------------------------------
 
 
-def emulate_conv(x_padded, packed, bias, geo, tile, split_k: int, layout: str, mma: str,
-                 out_dtype):  # fmt: skip
-    """The conv kernel work-group by work-group, as the GPU would run it.
+@dataclass(frozen=True)
+class _MainTile:
+    """The shared main loop's tile of a conv tile (WorkGroup reads these three)."""
 
-    Within a work-group, the threads (waves x lanes), MMA repeats and the split's k-blocks are
-    torch dimensions; each lane's runs are gathered from the flat padded input and packed
-    weight at the offsets conv3d_index computes, placed into 16 x 32 MMA operand tiles at the
-    (row, k) the a16w16 lane math gives, multiplied, and read back through acc_row/acc_col.
-    Returns (destination, write counts): out flattened when split_k == 1 (after bias and the
-    cast), else the fp32 [split_k, M, K] staging buffer.
-    """
-    wsz = a16.WAVE_SIZE[mma]
-    run = a16.k_run(wsz)
-    rpl = a16.acc_rows_per_lane(wsz)
-    shape = (tile.tile_m, tile.tile_n, tile.wave_m, tile.wave_n)
-    reps_m, reps_n = ix.wave_repeats(*shape)
+    tile_m: int
+    tile_n: int
+    tile_k: int
+
+
+class ConvWorkGroup(WorkGroup):
+    """One conv3d work-group on the shared main loop, emulated thread by thread: the shared
+    WorkGroup with the conv kernel's wave_m x wave_n layout (each wave's MMA repeats, B rows
+    from its first column, A read from its first row's offset in the stage, as _wave_layout
+    sets them up), A read at a base offset (the block's first frame), and the conv epilogue
+    (staging by rows or by columns, runs stored to out or the workspace)."""
+
+    def __init__(self, *, conv_tile, a_base, **kwargs):
+        super().__init__(**kwargs)
+        self.conv_tile = conv_tile
+        shape = (conv_tile.tile_m, conv_tile.tile_n, conv_tile.wave_m, conv_tile.wave_n)
+        self.shape = shape
+        self.reps_m, self.reps_n = ix.wave_repeats(*shape)
+        self.wave_cols = conv_tile.tile_n // conv_tile.wave_n
+        self.a_base = a_base
+        self.a_limit = len(self.a_flat) - a_base
+        self.chunks = {"A valid": 0, "A padding or masked": 0}
+
+    def load_k_tile(self, kb0, kb_end):
+        k0 = kb0 * mx.k_block(self.eb)
+        a_copy = []
+        for tid in range(self.nthreads):
+            runs = []
+            for p in range(self.passes):
+                q = mx.a_copy_chunk(tid, p, self.mma)
+                row, chunk = mx.a_copy_coord(q, self.cpr)
+                kk = k0 + chunk * self.per_chunk
+                element, valid = self.a_chunk(self.a_rows(row), kk)
+                valid = valid and mx.chunk_k_block(kb0, chunk) < kb_end
+                valid = valid and (not self.k_tail or kk < self.k)
+                valid = valid and q < self.stage_chunks
+                if valid:  # a real tap lies inside the block's buffer: nothing relies on OOB
+                    assert element >= 0 and element + self.per_chunk <= self.a_limit
+                self.chunks["A valid" if valid else "A padding or masked"] += 1
+                runs.append(_buffer_load(self.a_flat, self.a_base, self.a_limit, valid, element,
+                                         self.per_chunk))  # fmt: skip
+            a_copy.append(runs)
+        b_runs = []
+        for tid in range(self.nthreads):
+            lane, wave = tid % self.wsz, tid // self.wsz
+            _, col0 = ix.wave_origin(wave, *self.shape)
+            runs = []
+            for j in range(self.reps_n):
+                row = col0 + mx.operand_row(j, lane)
+                for kb in range(self.blocks):
+                    valid = row < self.b_rows and kb0 + kb < kb_end
+                    for piece in range(self.pieces):
+                        chunk = mx.operand_chunk(kb, lane, piece, self.mma)
+                        kk = k0 + chunk * self.per_chunk
+                        chunk_valid = valid and (not self.k_tail or kk < self.k)
+                        runs.append(_buffer_load(self.b_flat, self.b_base, self.b_rows * self.k,
+                                                 chunk_valid, row * self.k + kk,
+                                                 self.per_chunk))  # fmt: skip
+            b_runs.append(runs)
+        return a_copy, b_runs
+
+    def _a_runs(self, wave, rep, kb):
+        row0, _ = ix.wave_origin(wave, *self.shape)
+        offset = ix.a_wave_lds_byte(row0, self.tile.tile_k, self.eb)
+        a_runs = []
+        for piece in range(self.pieces):
+            lane_bytes = []
+            for lane in range(self.wsz):
+                row = mx.operand_row(rep, lane)
+                chunk = mx.operand_chunk(kb, lane, piece, self.mma)
+                lane_bytes.append(offset + mx.a_lds_byte(row, chunk, self.cpr))
+            self.lds.instruction("A read", wave, lane_bytes, mx.CHUNK_BYTES)
+            for lane, byte in enumerate(lane_bytes):
+                values = self.lds.load(byte, self.per_chunk, self.eb)
+                if piece == 0:
+                    a_runs.append(values)
+                else:
+                    a_runs[lane] = a_runs[lane] + values
+        return a_runs
+
+    def epilogue(self, accs, value_fn, staged_dtype, by_column: bool, store):
+        """Per wave and A repeat: stage the 16 rows (value_fn(wave, i, j, lane, e, acc) -> fp32,
+        then the cast), read the runs back and store(row, col, values, along_rows) with
+        block-relative coordinates; as the kernel's epilogue, in its order."""
+        ob = torch.empty((), dtype=staged_dtype).element_size()
+        vec = mx.CHUNK_BYTES // ob
+        rpl = mx.acc_rows_per_lane(self.mma)
+        wc = self.wave_cols
+        area = ix.stage_bytes(wc, ob, by_column)
+        for wave in range(mx.WAVES_PER_BLOCK):
+            row0, col0 = ix.wave_origin(wave, *self.shape)
+            for i in range(self.reps_m):
+                for j in range(self.reps_n):
+                    per_e = [0] if by_column else list(range(rpl))
+                    for e0 in per_e:
+                        lane_bytes = []
+                        for lane in range(self.wsz):
+                            byte = ix.stage_write_byte(wave, j, lane, e0, wc, ob, by_column,
+                                                       self.mma)  # fmt: skip
+                            acc = accs[wave][i * self.reps_n + j][lane]
+                            elems = range(rpl) if by_column else [e0]
+                            values = [
+                                round_to(value_fn(wave, i, j, lane, e, round_to(acc[e],
+                                                                                torch.float32)),
+                                         staged_dtype)
+                                for e in elems
+                            ]  # fmt: skip
+                            self.lds.store(wave, byte, values, ob)
+                            lane_bytes.append(byte)
+                        width = rpl * ob if by_column else ob
+                        self.lds.instruction("C write", wave, lane_bytes, width)
+                passes = ix.stage_read_passes(wc, ob, by_column, self.mma)
+                for store_pass in range(passes):
+                    lane_bytes = []
+                    for lane in range(self.wsz):
+                        row16, col, real, byte = ix.stage_read_coord(store_pass, lane, wc, ob,
+                                                                     by_column, self.mma)  # fmt: skip
+                        byte = wave * area + byte
+                        lane_bytes.append(byte if real else None)
+                        if real:
+                            values = self.lds.load(byte, vec, ob)
+                            store(row0 + i * ix.MMA_MN + row16, col0 + col, values, by_column)
+                    self.lds.instruction("C read", wave, lane_bytes, mx.CHUNK_BYTES)
+
+
+def emulate_conv(x_padded, packed, bias, geo, tile, split_k: int, layout: str, mma: str,
+                 out_dtype, arch: str):  # fmt: skip
+    """The conv kernel work-group by work-group, each one thread by thread and phase by phase
+    (ConvWorkGroup on the shared WorkGroup), with the index functions the kernel calls.
+    Returns (destination, write counts, races, LDS stats, chunk counts): out flattened when
+    split_k == 1 (after bias and the cast), else the fp32 [split_k, M, K] staging buffer."""
     positions, kg, k, groups = geo.positions, geo.kg, geo.k, geo.groups
-    out_d, out_h, out_w = geo.out_spatial
-    spatial = out_d * out_h * out_w
+    out_dhw, in_dhw = geo.out_spatial, (geo.d, geo.h, geo.w)
+    spatial = geo.out_d * geo.out_h * geo.out_w
     cgp, c_total, reduction = geo.cgp, geo.padded_c, geo.reduction
-    xf, wf = x_padded.float().reshape(-1), packed.float().reshape(-1)
+    xf, wf = x_padded.double().reshape(-1), packed.double().reshape(-1)
+    by_column = split_k == 1 and layout == "NCDHW"
+    staged_dtype = out_dtype if split_k == 1 else torch.float32
+    ob = torch.empty((), dtype=staged_dtype).element_size()
     grid_x, grid_y, grid_z = ix.conv_grid(positions, kg, groups, tile.tile_m, tile.tile_n, split_k)
     assert grid_z == 1
     m_tiles, n_tiles = ix.tile_counts(positions, kg, tile.tile_m, tile.tile_n)
-
-    tid = torch.arange(ix.WAVES_PER_BLOCK * wsz)
-    lane, wave = tid % wsz, tid // wsz
-    wave_m, wave_n = ix.wave_origin(wave, *shape)
-    rep_m = torch.arange(reps_m)[:, None]
-    rep_n = torch.arange(reps_n)[:, None]
-    elems = torch.arange(run)
-    op_row = a16.lane_operand_row(lane)
-    op_k = a16.lane_k_offset(lane, wsz)[:, None] + elems  # [threads, run]
-    # Epilogue coordinates: [reps_m, reps_n, threads, rpl]
-    ei, ej = torch.arange(reps_m)[:, None, None, None], torch.arange(reps_n)[None, :, None, None]
-    el, ee = lane[None, None, :, None], torch.arange(rpl)[None, None, None, :]
-    ew = wave[None, None, :, None]
-    acc_r, acc_c = a16.acc_row(el, ee, wsz), a16.acc_col(el)
-
+    span = ix.input_span_frames(tile.tile_m, geo.n, geo.d, geo.out_d, geo.out_h, geo.out_w,
+                                geo.kt, geo.stride[0], geo.dilation[0])  # fmt: skip
+    frame = geo.h * geo.w * c_total
     size = split_k * positions * k if split_k > 1 else positions * k
-    dst = torch.zeros(size, dtype=torch.float32)
+    dst = torch.zeros(size, dtype=torch.float64)
     writes = torch.zeros(size, dtype=torch.int32)
+    races: list[str] = []
+    stats: dict = defaultdict(AccessStats)
+    chunks: dict = defaultdict(int)
+    shape = (tile.tile_m, tile.tile_n, tile.wave_m, tile.wave_n)
+    lds_bytes = ix.conv_lds_bytes(*shape, ob, by_column, mma)
     for bx in range(grid_x):
         tm, tn = ix.tile_of_block(bx, m_tiles, n_tiles, tile.wgm, _pick)
         origin_m, origin_n = ix.tile_origin(tm, tn, tile.tile_m, tile.tile_n)
-        m = a16.operand_row(origin_m, wave_m[None], rep_m, lane[None])  # [reps_m, threads]
-        m = _where(m < positions, m, positions - 1)
-        n, od, oh, ow = ix.position_coords(m, out_d, out_h, out_w)
-        d0 = ix.input_origin(od, geo.stride[0], geo.padding[0])
-        h0 = ix.input_origin(oh, geo.stride[1], geo.padding[1])
-        w0 = ix.input_origin(ow, geo.stride[2], geo.padding[2])
-        col = a16.operand_row(origin_n, wave_n[None], rep_n, lane[None])  # [reps_n, threads]
-        col = _where(col < kg, col, kg - 1)
+        base = ix.block_input_base(origin_m, out_dhw, geo.stride[0], geo.padding[0], _pick)
+        first_frame = base[0] * geo.d + base[1]
         for by in range(grid_y):
             g, split = ix.group_and_split(by, split_k)
-            b_row = ix.weight_offset(ix.out_channel(g, kg, col), reduction, 0)
-            kb_begin, steps, r_end = ix.split_range(split, reduction, split_k, _pick)
-            kbs = torch.tensor(
-                [ix.step_block(kb_begin, s, sub) for s in range(steps)
-                 for sub in range(ix.BLOCKS_PER_STEP)], dtype=torch.long,
-            ).reshape(-1, 1)  # fmt: skip
-            r = ix.run_start(kbs, lane[None], wsz)  # [kbs, threads]
-            live = r < r_end
-            r = _where(live, r, 0)
-            t, hh, ww, c = ix.reduction_coords(r, cgp, geo.kh, geo.kw)
-            c_index = ix.group_channel(g, cgp, c)[:, None]
-            di = ix.tap_coord(d0[None], t[:, None], geo.dilation[0])  # [kbs, reps_m, threads]
-            hi = ix.tap_coord(h0[None], hh[:, None], geo.dilation[1])
-            wi = ix.tap_coord(w0[None], ww[:, None], geo.dilation[2])
-            ok = live[:, None] & ix.inside(di, geo.d) & ix.inside(hi, geo.h) & ix.inside(wi, geo.w)
-            voxel = _where(ok, ix.voxel_index(n[None], di, hi, wi, geo.d, geo.h, geo.w), 0)
-            a_off = ix.x_offset(voxel, c_index, c_total)
-            # A run never leaves its voxel's group channels, nor the input.
-            assert bool(((c[:, None] + run <= cgp) | ~ok).all())
-            assert (
-                a_off.numel() == 0 or 0 <= int(a_off.min()) <= int(a_off.max()) + run <= xf.numel()
-            )
-            a_vals = _where(ok[..., None], xf[a_off[..., None] + elems], 0.0)
-            b_off = b_row[None] + r[:, None]  # [kbs, reps_n, threads]
-            assert (
-                b_off.numel() == 0 or 0 <= int(b_off.min()) <= int(b_off.max()) + run <= wf.numel()
-            )
-            b_vals = _where(live[:, None, :, None], wf[b_off[..., None] + elems], 0.0)
-            nkb = kbs.shape[0]
-            a_tiles = torch.zeros(nkb, reps_m, ix.WAVES_PER_BLOCK, ix.MMA_MN, a16.K_BLOCK)
-            b_tiles = torch.zeros(nkb, reps_n, ix.WAVES_PER_BLOCK, ix.MMA_MN, a16.K_BLOCK)
-            index = (wave[:, None], op_row[:, None], op_k)
-            a_tiles[(slice(None), slice(None)) + index] = a_vals
-            b_tiles[(slice(None), slice(None)) + index] = b_vals
-            # The MMAs of every k-block, summed: accs[wave, i, j, row, col].
-            accs = torch.einsum("biwrk,bjwck->wijrc", a_tiles, b_tiles)
-            values = accs[ew, ei, ej, acc_r, acc_c]
-            # The kernel's epilogue: a column part per B repeat, a row part per row.
-            row0, col0 = ix.acc_origin(origin_m, origin_n, wave_m, wave_n, lane, wsz)
-            row, _ = ix.acc_coord(row0[None, None, :, None], 0, ei, 0, ee)
-            _, ccol = ix.acc_coord(0, col0[None, None, :, None], 0, ej, 0)
-            channel = ix.out_channel(g, kg, _where(ccol < kg, ccol, kg - 1))
-            mask = (row < positions) & (ccol < kg)
-            if split_k > 1:
-                off = ix.staging_row_offset(split, row, positions, k) + channel
-            else:
-                if bias is not None:
-                    values = values + bias.float()[channel]
-                values = values.to(out_dtype).float()
-                n_row = row // spatial if layout == "NCDHW" else 0
-                off = ix.out_row_offset(row, n_row, k, spatial, layout)
-                off = off + ix.out_col_offset(channel, spatial, layout)
-            off = off[mask]
-            dst[off] = values[mask]
-            writes.index_put_((off,), torch.ones_like(off, dtype=torch.int32), accumulate=True)
-    return dst, writes
+
+            def a_rows(r, origin_m=origin_m, base=base, g=g):
+                return ix.a_row_info(origin_m + r, base, ix.group_channel(g, cgp, 0), out_dhw,
+                                     in_dhw, c_total, geo.stride, geo.padding, positions)  # fmt: skip
+
+            def a_chunk(info, kk):
+                element, valid = ix.a_chunk_element(info, kk, cgp, in_dhw, c_total,
+                                                    geo.kernel_size, geo.dilation, geo.padding)  # fmt: skip
+                if valid and kk < reduction:
+                    assert element < span * frame  # input_span_frames bounds the offsets
+                return element, valid
+
+            wg = ConvWorkGroup(
+                conv_tile=tile, a_base=first_frame * frame, mma=mma, arch=arch,
+                tile=_MainTile(tile.tile_m, tile.tile_n, ix.tile_k_of(*shape)), elem_bytes=2, a_flat=xf,
+                a_rows=a_rows, a_chunk=a_chunk, b_flat=wf,
+                b_base=ix.out_channel(g, kg, origin_n) * reduction, b_rows=kg - origin_n,
+                b_shuffled=False, k=reduction, origin=(origin_m, origin_n), lds_bytes=lds_bytes,
+                k_tail=ix.has_k_tail_taps(geo.kernel_size),
+            )  # fmt: skip
+            kb_begin, kb_end = ix.split_blocks(split, reduction, split_k)
+            accs = wg.main_loop(kb_begin, kb_end)
+
+            def value_fn(wave, i, j, lane, e, acc, wg=wg, origin_n=origin_n, g=g):
+                if bias is None or split_k > 1:
+                    return acc
+                _, col0 = ix.wave_origin(wave, *wg.shape)
+                col = origin_n + col0 + j * ix.MMA_MN + mx.acc_col(lane)
+                lane_bias = float(bias[ix.out_channel(g, kg, col)]) if col < kg else 0.0
+                return round_to(acc + lane_bias, torch.float32)
+
+            def store(row, col, values, along_col, origin_m=origin_m, origin_n=origin_n, g=g,
+                      split=split):  # fmt: skip
+                row, col = origin_m + row, origin_n + col
+                for e, value in enumerate(values):
+                    m, c = (row + e, col) if along_col else (row, col + e)
+                    if m >= positions or c >= kg:
+                        continue
+                    channel = ix.out_channel(g, kg, c)
+                    if split_k > 1:
+                        off = ix.staging_offset(split, m, channel, positions, k)
+                    else:
+                        off = ix.out_offset(m, m // spatial, channel, k, spatial, layout)
+                    dst[off] = value
+                    writes[off] += 1
+
+            wg.epilogue(accs, value_fn, staged_dtype, by_column, store)
+            races += wg.lds.races
+            for kind, st in wg.lds.stats.items():
+                stats[kind].instructions += st.instructions
+                stats[kind].cycles += st.cycles
+                stats[kind].ideal_cycles += st.ideal_cycles
+            for kind, count in wg.chunks.items():
+                chunks[kind] += count
+    return dst, writes, races, stats, chunks
 
 
 def emulate_epilogue(staging, bias, geo, split_k: int, layout: str, out_dtype):
@@ -562,6 +731,7 @@ def _make_case(idx: int) -> dict:
         dtype=(torch.bfloat16, torch.float16)[(idx // 4) % 2],
         bias=idx % 7 != 3,
         seed=idx,
+        arch="gfx1250" if mma == "wmma" else ("gfx942", "gfx950")[(idx // 2) % 2],
     )
 
 
@@ -591,11 +761,17 @@ def test_emulated_conv_matches_torch(case: dict) -> None:
     assert torch.equal(pre_writes, torch.ones_like(pre_writes))
     assert torch.equal(x_padded, cv.to_padded_ndhwc_torch(x, geo.groups, "NCDHW"))
     packed = cv.pack_conv3d_weight(weight, geo.groups)
-    dst, writes = emulate_conv(x_padded, packed, bias, geo, case["tile"], split_k, layout,
-                               case["mma"], dtype)  # fmt: skip
+    dst, writes, races, stats, chunks = emulate_conv(
+        x_padded, packed, bias, geo, case["tile"], split_k, layout, case["mma"], dtype,
+        case["arch"],
+    )  # fmt: skip
     assert torch.equal(writes, torch.ones_like(writes))  # every element exactly once
+    assert races == []  # no LDS race in any phase of any work-group
+    print(f"\n{case['arch']} LDS model: {conflict_summary(stats)}; A chunks: {dict(chunks)}")
+    for kind in ("A write", "A read"):
+        assert stats[kind].instructions > 0 and stats[kind].extra_cycles == 0, kind
     if split_k > 1:
-        out, out_writes = emulate_epilogue(dst, bias, geo, split_k, layout, dtype)
+        out, out_writes = emulate_epilogue(dst.float(), bias, geo, split_k, layout, dtype)
         assert torch.equal(out_writes, torch.ones_like(out_writes))
     else:
         out = dst.to(dtype)
@@ -806,10 +982,12 @@ JIT_NAMES = [
     ["conv3d_implicit", "conv3d_splitk_epilogue", "conv3d_pretranspose"],
 ]
 MNEMONIC = {
-    ("mfma", "bfloat16"): "v_mfma_f32_16x16x16_bf16",
-    ("mfma", "float16"): "v_mfma_f32_16x16x16_f16",
-    ("wmma", "bfloat16"): "v_wmma_f32_16x16x32_bf16",
-    ("wmma", "float16"): "v_wmma_f32_16x16x32_f16",
+    ("gfx942", "bfloat16"): "v_mfma_f32_16x16x16_bf16",
+    ("gfx942", "float16"): "v_mfma_f32_16x16x16_f16",
+    ("gfx950", "bfloat16"): "v_mfma_f32_16x16x32_bf16",
+    ("gfx950", "float16"): "v_mfma_f32_16x16x32_f16",
+    ("gfx1250", "bfloat16"): "v_wmma_f32_16x16x32_bf16",
+    ("gfx1250", "float16"): "v_wmma_f32_16x16x32_f16",
 }
 
 _CHILD = """
@@ -900,7 +1078,7 @@ def test_disassembly_uses_the_arch_mma(compiled: dict) -> None:
     for cfg, built in zip(COMPILED, compiled["built"], strict=True):
         for name, path in built["entries"]:
             text = disassemble_or_skip(extract_code_objects(path)[0], arch)
-            assert (MNEMONIC[(mma, cfg[-1])] in text) == (name == "conv3d_implicit"), path
+            assert (MNEMONIC[(arch, cfg[-1])] in text) == (name == "conv3d_implicit"), path
             assert other not in text, path
 
 
@@ -909,7 +1087,7 @@ def test_isa_listing(compiled: dict) -> None:
     """FlyDSL's ISA listing of every kernel: the arch and wave size, the MMA of the input dtype
     in the conv kernel only, and no register spills."""
     arch, mma = compiled["arch"], compiled["mma"]
-    wave = a16.WAVE_SIZE[mma]
+    wave = mx.WAVE_SIZE[mma]
     for idx, (cfg, listed) in enumerate(zip(COMPILED, compiled["listed"], strict=True)):
         kernels = {name.removesuffix("_kernel"): path for name, path in listed["isa"].items()}
         assert sorted(kernels) == sorted(JIT_NAMES[idx]), listed["isa"]
@@ -917,7 +1095,7 @@ def test_isa_listing(compiled: dict) -> None:
             text = Path(path).read_text()
             assert f'.amdgcn_target "amdgcn-amd-amdhsa-unknown-{arch}"' in text, name
             assert f".wavefront_size: {wave}" in text, name
-            assert (MNEMONIC[(mma, cfg[-1])] in text) == (name == "conv3d_implicit"), (idx, name)
+            assert (MNEMONIC[(arch, cfg[-1])] in text) == (name == "conv3d_implicit"), (idx, name)
             assert ("v_wmma" if mma == "mfma" else "v_mfma") not in text, (idx, name)
             spills = re.findall(r"\.(?:v|s)gpr_spill_count:\s+(\d+)", text)
             assert spills and all(s == "0" for s in spills), (idx, name, spills)

@@ -101,35 +101,46 @@ def _buffer_load(flat: torch.Tensor, base: int, limit: int, valid: bool, element
     return flat[base + element : base + element + count].tolist()
 
 
+_ATOMS: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+
 def _mma_atom(mma: str, mma_k: int):
-    """[lane][value] -> (row, k) of the A/B operand and (row, col) of C, for one MMA step."""
-    wsz = mx.WAVE_SIZE[mma]
-    per_lane = 16 * mma_k // wsz
-    operand = [
-        [(lane % 16, (lane // 16) * per_lane + v) for v in range(per_lane)] for lane in range(wsz)
-    ]
-    rows = mx.acc_rows_per_lane(mma)
-    c = [[(mx.acc_row(lane, e, mma), mx.acc_col(lane)) for e in range(rows)] for lane in range(wsz)]
-    return operand, c
+    """Flat index, in a [16, mma_k] operand tile, of each lane's operand value ([wsz, per
+    lane]), and flat index in the [16, 16] C tile of each lane's accumulator element."""
+    if (mma, mma_k) not in _ATOMS:
+        wsz = mx.WAVE_SIZE[mma]
+        per_lane = 16 * mma_k // wsz
+        operand = torch.tensor(
+            [[(lane % 16) * mma_k + (lane // 16) * per_lane + v for v in range(per_lane)]
+             for lane in range(wsz)]
+        )  # fmt: skip
+        rows = mx.acc_rows_per_lane(mma)
+        c = torch.tensor(
+            [[mx.acc_row(lane, e, mma) * 16 + mx.acc_col(lane) for e in range(rows)]
+             for lane in range(wsz)]
+        )  # fmt: skip
+        _ATOMS[(mma, mma_k)] = (operand, c, torch.arange(wsz))
+    return _ATOMS[(mma, mma_k)]
 
 
 def _mma(acc, a_runs, b_runs, mma: str, mma_k: int):
     """acc[lane][e] += one k-block of the lanes' runs, as the kernel's MMA steps do."""
     wsz = mx.WAVE_SIZE[mma]
-    operand, c_map = _mma_atom(mma, mma_k)
+    operand, c_map, _ = _mma_atom(mma, mma_k)
     per_step = 16 * mma_k // wsz
-    run = len(a_runs[0])
-    for step in range(run // per_step):
-        a_tile = torch.zeros(16, mma_k, dtype=torch.float64)
-        b_tile = torch.zeros(16, mma_k, dtype=torch.float64)
-        for lane in range(wsz):
-            for v, (r, kk) in enumerate(operand[lane]):
-                a_tile[r, kk] = a_runs[lane][step * per_step + v]
-                b_tile[r, kk] = b_runs[lane][step * per_step + v]
-        c_tile = a_tile @ b_tile.T
-        for lane in range(wsz):
-            for e, (r, col) in enumerate(c_map[lane]):
-                acc[lane][e] += float(c_tile[r, col])
+    a = torch.tensor(a_runs, dtype=torch.float64)
+    b = torch.tensor(b_runs, dtype=torch.float64)
+    total = torch.tensor(acc, dtype=torch.float64)
+    for step in range(a.shape[1] // per_step):
+        part = slice(step * per_step, (step + 1) * per_step)
+        a_tile = torch.zeros(16 * mma_k, dtype=torch.float64)
+        b_tile = torch.zeros(16 * mma_k, dtype=torch.float64)
+        a_tile[operand] = a[:, part]
+        b_tile[operand] = b[:, part]
+        c_tile = a_tile.view(16, mma_k) @ b_tile.view(16, mma_k).T
+        total += c_tile.reshape(-1)[c_map]
+    for lane, values in enumerate(total.tolist()):
+        acc[lane][:] = values
 
 
 def round_to(value: float, dtype) -> float:

@@ -5,68 +5,74 @@ pre-transpose. Also the geometry, the weight packing and the torch fallbacks the
 The GEMM of group g: out[m, g * Kg + kc] = sum_r A[m, r] * B[g * Kg + kc, r] (+ bias), where
 row m of A is output position (n, od, oh, ow), A[m, r] the input element that tap
 r // Cgp of output position m reads in channel r % Cgp of group g (zero in the padding and for
-the padded channels), and B the packed weight (pack_conv3d_weight). conv3d_index.py holds every
-formula.
+the padded channels), and B the packed weight (pack_conv3d_weight). The main loop is the shared
+one (aiter/ops/shared/mainloop.py); implicit_gemm_index.py holds every conv formula.
 """
 
 from __future__ import annotations
 
+import copy
+import functools
 from dataclasses import dataclass
 from typing import Any
 
 import flydsl.compiler as flyc
 import flydsl.expr as fx
 import torch
-from flydsl.expr import const_expr, range_constexpr
+from flydsl.expr import const_expr, range_constexpr, rocdl
 
 from aiter.ops.conv3d.kernels.implicit_gemm_index import (
-    BLOCKS_PER_STEP,
     CHANNEL_VECTOR,
     ELEMENTWISE_BLOCK,
     K_STEP,
     MMA_MN,
+    SMALL_TILE_K,
+    TILE_K,
     WAVE_SIZE,
     WAVES_PER_BLOCK,
-    acc_coord,
-    acc_origin,
+    a_chunk_element,
+    a_row_info,
+    a_wave_lds_byte,
+    block_input_base,
     conv_grid,
+    conv_lds_bytes,
     elementwise_grid,
     elementwise_index,
     group_and_split,
     group_channel,
-    input_origin,
-    inside,
+    has_k_tail_taps,
+    input_span_frames,
     out_channel,
     out_col_offset,
     out_element,
+    out_offset,
     out_row_offset,
     out_size,
     padded_channels,
-    position_coords,
     pretranspose_element,
-    reduction_coords,
     reduction_size,
-    run_start,
-    split_range,
+    split_blocks,
+    stage_bytes,
+    stage_read_coord,
+    stage_read_passes,
+    stage_write_byte,
     staging_offset,
-    staging_row_offset,
-    step_block,
-    tap_coord,
+    swizzle_period,
     tile_counts,
+    tile_k_of,
     tile_of_block,
     tile_origin,
-    voxel_index,
     wave_origin,
     wave_repeats,
-    weight_offset,
-    x_offset,
+    wave_tile,
 )
 from aiter.ops.shared import SOURCES_DIGEST as SHARED_HELPERS
-from aiter.ops.shared import mma_16bit
-from aiter.ops.shared.gemm_blocks import check_mma, load_run, to_stream, zero_accs
-from aiter.ops.shared.gemm_index import acc_rows_per_lane, k_run, operand_row
+from aiter.ops.shared import mainloop
+from aiter.ops.shared import mainloop_index as mx
+from aiter.ops.shared.gemm_blocks import check_mma, load_run, to_stream
 from aiter.ops.shared.kernel_tensors import kernel_tensor, kernel_tensors
 from aiter.ops.shared.launch_args import check_choice, check_int, check_rank, check_tensor
+from aiter.ops.shared.mainloop import element_bytes
 
 __all__ = [
     "CHANNEL_VECTOR",
@@ -277,7 +283,9 @@ def _dims(name: str, shape: Any) -> tuple[int, ...]:
 class ConvTile:
     """Work-group tile of the conv kernel: tile_m output positions x tile_n output channels of
     one group, computed by four waves laid out wave_m x wave_n (each wave a multiple of 16x16),
-    and wgm, the M tiles consecutive work-groups walk before moving to the next N tile."""
+    and wgm, the M tiles consecutive work-groups walk before moving to the next N tile. The
+    reduction goes tile_k_of(...) deep per main-loop k-tile: TILE_K (64), or SMALL_TILE_K (32)
+    when a wave holds fewer than 8 MMA tiles."""
 
     tile_m: int
     tile_n: int
@@ -290,18 +298,48 @@ WAVE_LAYOUTS = ((1, 4), (2, 2), (4, 1))
 WGM_CHOICES = (1, 2, 4, 8)
 
 
-def _tile_grid() -> tuple[ConvTile, ...]:
+def tile_problem(tile: ConvTile, mma: str) -> str | None:
+    """Why a tile does not fit the arch's LDS or registers, or None.
+
+    Registers: a wave of a wave_m x wave_n layout holds what a wave of the shared loop's 1 x 4
+    layout holds for a tile of its rows x 4 * its columns (mx.budget_problem of that tile; the
+    A copy of the block's tile_m rows added). LDS: the A stage and the widest (fp32) staging.
+    """
+    shape = (tile.tile_m, tile.tile_n, tile.wave_m, tile.wave_n)
+    rows, cols = wave_tile(*shape)
+    tile_k = tile_k_of(*shape)
+    problem = mx.budget_problem(rows, mx.WAVES_PER_BLOCK * cols, tile_k, 2, 4, mma)
+    if problem is not None:
+        return problem
+    extra = mx.a_copy_passes(tile.tile_m, tile_k, 2, mma) - mx.a_copy_passes(rows, tile_k, 2, mma)
+    vgprs = mx.estimated_vgprs(rows, mx.WAVES_PER_BLOCK * cols, tile_k, 2, mma) + extra * 5
+    budget = int(mx.LANE_REGISTERS[mma] * mx.REGISTER_BUDGET)
+    if vgprs > budget:
+        return f"needs about {vgprs} VGPRs per lane (estimate), over the budget of {budget}"
+    lds = max(conv_lds_bytes(*shape, ob, col, mma) for ob, col in ((4, False), (2, True)))
+    for arch in mx.MMA_ARCHS[mma]:
+        if lds > mx.LDS_BYTES[arch]:
+            return f"needs {lds} bytes of LDS per block, {arch} has {mx.LDS_BYTES[arch]}"
+    return None
+
+
+def _tile_grid(mma: str) -> tuple[ConvTile, ...]:
     tiles = []
     for tile_m in (32, 64, 128):
         for tile_n in (32, 64, 128):
             for wave_m, wave_n in WAVE_LAYOUTS:
                 if tile_m % (wave_m * MMA_MN) or tile_n % (wave_n * MMA_MN):
                     continue
-                tiles.extend(ConvTile(tile_m, tile_n, wave_m, wave_n, g) for g in WGM_CHOICES)
+                for g in WGM_CHOICES:
+                    tile = ConvTile(tile_m, tile_n, wave_m, wave_n, g)
+                    if tile_problem(tile, mma) is None:
+                        tiles.append(tile)
     return tuple(tiles)
 
 
-SUPPORTED_TILES: dict[str, tuple[ConvTile, ...]] = {"mfma": _tile_grid(), "wmma": _tile_grid()}
+# The wave row offsets (multiples of 16) must keep the A stage's swizzle (a_wave_lds_byte).
+assert MMA_MN % swizzle_period(TILE_K, 2) == 0 and MMA_MN % swizzle_period(SMALL_TILE_K, 2) == 0
+SUPPORTED_TILES: dict[str, tuple[ConvTile, ...]] = {m: _tile_grid(m) for m in ("mfma", "wmma")}
 MMA_FLAVOURS = tuple(SUPPORTED_TILES)
 
 
@@ -396,142 +434,110 @@ def pretranspose_supported(x_shape: Any, groups: int) -> bool:
 
 # --- kernels ---------------------------------------------------------------------------------
 
-# Every lane loads its MMA operands straight from global memory (one contiguous run of the
-# reduction per operand row per k-block, as the GEMM kernels do): no LDS, no barrier. The
-# reduction is one runtime loop over steps of K_STEP; only the step body (BLOCKS_PER_STEP
-# k-blocks x the wave's MMA repeats) is unrolled at trace time, never the taps or channels.
-# Helpers hold no dynamic `if` or runtime loop: FlyDSL rewrites those only in kernel bodies.
+# The conv kernel runs the shared main loop (aiter/ops/shared/mainloop.py): per k-tile of TILE_K
+# reduction indices, A's tile_m rows (the im2col of the padded NDHWC input, gathered through the
+# Pipeline's a_rows / a_chunk hooks) go through one swizzled LDS stage the four waves share,
+# every wave streams its B rows (packed-weight rows) into registers, and the next k-tile's
+# buffer loads are issued before the current k-tile's MMAs. A padding tap, a row past M, a column
+# past the group's Kg and a k-block past the split's end load zeros through the buffer range
+# check. The waves are laid out wave_m x wave_n over the tile (the shared loop's own layout is
+# 1 x 4): each wave reads its rows of the A stage from its own offset and streams the B rows of
+# its columns. Helpers hold no dynamic `if` or runtime loop: FlyDSL rewrites those only in
+# kernel bodies.
 
 
 def _select(cond, a, b):
     return cond.select(a, b)
 
 
-def _clamp(index, bound):
-    """index, or bound - 1 past the end (loads stay in bounds; stores are predicated)."""
-    return (index < bound).select(index, bound - 1)
+class _ConvBlock:
+    """Where a work-group's tile lies: its conv group and K split, the tile's first GEMM row
+    and column (of the group), and the wave's place in the wave_m x wave_n layout."""
 
-
-class _WaveTile:
-    """Where a lane's work lies: the work-group's tile, group and split, the wave's origin."""
-
-    def __init__(self, mma: str, tile_m, tile_n, wave_m, wave_n, wgm, split_k, positions, kg):
-        self.wsz = WAVE_SIZE[mma]
-        self.reps_m, self.reps_n = wave_repeats(tile_m, tile_n, wave_m, wave_n)
-        self.rows_per_lane = acc_rows_per_lane(self.wsz)
-        tid = fx.thread_idx.x
-        self.lane = tid % self.wsz
-        wave = tid // self.wsz
+    def __init__(self, mma, tile_m, tile_n, wave_m, wave_n, wgm, split_k, positions, kg):
         self.group, self.split = group_and_split(fx.block_idx.y, split_k)
         m_tiles, n_tiles = tile_counts(positions, kg, tile_m, tile_n)
         tm, tn = tile_of_block(fx.block_idx.x, m_tiles, n_tiles, wgm, _select)
         self.origin_m, self.origin_n = tile_origin(tm, tn, tile_m, tile_n)
-        self.wave_m, self.wave_n = wave_origin(wave, tile_m, tile_n, wave_m, wave_n)
-        self.row0, self.col0 = acc_origin(
-            self.origin_m, self.origin_n, self.wave_m, self.wave_n, self.lane, self.wsz
-        )
+        wave = fx.thread_idx.x // WAVE_SIZE[mma]
+        self.wave_row0, self.wave_col0 = wave_origin(wave, tile_m, tile_n, wave_m, wave_n)
+        self.wave_cols = tile_n // wave_n
 
 
-def _out_columns(t: _WaveTile, kg, spatial, bias, has_bias: bool, split_k: int, layout: str):
-    """Per B repeat j: (whether the lane's column exists, its part of the destination offset,
-    its fp32 bias or None). The destination is out (split_k == 1) or the staging buffer."""
-    columns = []
-    for j in range_constexpr(t.reps_n):
-        _, col = acc_coord(t.row0, t.col0, 0, j, 0)
-        channel = out_channel(t.group, kg, _clamp(col, kg))
-        if const_expr(split_k > 1):
-            part = fx.Int64(channel)
+def _uniform_buffer(ptr, first_row, rows_left, row_elems, elem_bytes: int):
+    """A buffer pointer at row `first_row` holding the `rows_left` rows of `row_elems` elements
+    left there, its byte count capped below the out-of-range offset in 32-bit scalar arithmetic
+    and marked uniform (a descriptor in VGPRs costs a waterfall loop around every load)."""
+    base = ptr + fx.Int64(first_row) * fx.Int64(row_elems)
+    row_bytes = row_elems * elem_bytes
+    cap = mx.OFFSET_LIMIT // row_bytes
+    rows = (rows_left < cap).select(rows_left, cap)
+    rows = (rows > 0).select(rows, fx.Int32(0))
+    nbytes = fx.Int32(rocdl.readfirstlane(fx.Int32.ir_type, fx.Int32(rows * row_bytes)))
+    return rocdl.make_buffer_ptr(base, fx.Int64(nbytes))
+
+
+def _a_row(ctx, r):
+    """Pipeline hook a_rows: what a thread keeps of block row r (once, before the loop)."""
+    origin_m, base, group_base, out_dhw, in_dhw, c_total, stride, padding, positions = ctx
+    return a_row_info(origin_m + r, base, group_base, out_dhw, in_dhw, c_total, stride, padding,
+                      positions)  # fmt: skip
+
+
+def _a_chunk(ctx, info, kk):
+    """Pipeline hook a_chunk: the element and validity of reduction index kk of a row."""
+    cgp, in_dhw, c_total, kernel, dilation, padding = ctx
+    return a_chunk_element(info, kk, cgp, in_dhw, c_total, kernel, dilation, padding)
+
+
+def _wave_layout(p, blk: _ConvBlock, tile_m: int, tile_n: int, wave_m: int, wave_n: int):
+    """Lay the Pipeline's waves out wave_m x wave_n: its MMA repeats and B rows become the
+    wave's; returns the view the MMAs read A through (the A stage from the wave's first row)."""
+    p.reps_m, p.reps_n = wave_repeats(tile_m, tile_n, wave_m, wave_n)
+    p.b_row0 = blk.wave_col0
+    p.origin_m, p.origin_n = blk.origin_m, blk.origin_n
+    view = copy.copy(p)
+    view.lds_a = p.lds_a + a_wave_lds_byte(blk.wave_row0, p.tile_k, p.elem_bytes) // p.elem_bytes
+    return view
+
+
+def _stage_tiles(p, blk: _ConvBlock, tiles, stage, out_dtype, by_column: bool):
+    """Write the wave's accumulators of one A repeat (tiles[j]: B repeat j, fp32) into its
+    staging area, cast to out_dtype: element by element along rows, or by column one vector of
+    the lane's consecutive rows."""
+    out_bytes = element_bytes(out_dtype)
+    for j in range_constexpr(p.reps_n):
+        vals = tiles[j].to(out_dtype)
+        if const_expr(by_column):
+            byte = stage_write_byte(p.wave, j, p.lane, 0, blk.wave_cols, out_bytes, True, p.mma)
+            fx.ptr_store(vals, stage + byte // out_bytes)
         else:
-            part = out_col_offset(fx.Int64(channel), fx.Int64(spatial), layout)
-        bias_f32 = None
-        if const_expr(has_bias):
-            bias_f32 = load_run(fx.get_iter(bias), fx.Int64(channel), 1, bias.dtype)
-            bias_f32 = bias_f32.to(fx.Float32)[0]
-        columns.append((col < kg, part, bias_f32))
-    return columns
+            for e in range_constexpr(mx.acc_rows_per_lane(p.mma)):
+                byte = stage_write_byte(p.wave, j, p.lane, e, blk.wave_cols, out_bytes, False,
+                                        p.mma)  # fmt: skip
+                fx.ptr_store(vals[e], stage + byte // out_bytes)
 
 
-def _out_row(t: _WaveTile, i: int, e: int, positions, spatial, k, split_k: int, layout: str):
-    """(whether the row of accumulator element e of A repeat i exists, its part of the
-    destination offset)."""
-    row, _ = acc_coord(t.row0, t.col0, i, 0, e)
-    k64 = fx.Int64(k)
-    row64 = fx.Int64(row)
-    if const_expr(split_k > 1):
-        part = staging_row_offset(fx.Int64(t.split), row64, fx.Int64(positions), k64)
-    elif const_expr(layout == "NCDHW"):
-        part = out_row_offset(row64, fx.Int64(row // spatial), k64, fx.Int64(spatial), layout)
-    else:
-        part = out_row_offset(row64, 0, k64, 0, layout)
-    return row < positions, part
+def _staged_run(p, blk: _ConvBlock, stage, out_dtype, store_pass: int, by_column: bool):
+    """(values, row in the 16, column of the wave, real) of the 16-byte run a lane reads back."""
+    out_bytes = element_bytes(out_dtype)
+    row, col, real, byte = stage_read_coord(store_pass, p.lane, blk.wave_cols, out_bytes,
+                                            by_column, p.mma)  # fmt: skip
+    byte = p.wave * stage_bytes(blk.wave_cols, out_bytes, by_column) + byte
+    vec = fx.Vector.make_type(mx.CHUNK_BYTES // out_bytes, out_dtype)
+    return fx.ptr_load(stage + byte // out_bytes, result_type=vec), row, col, real
 
 
-def _a_rows(t: _WaveTile, positions, out_dhw, stride, padding):
-    """Per A repeat: (n, d origin, h origin, w origin) of the lane's (clamped) output position."""
-    rows = []
-    for i in range_constexpr(t.reps_m):
-        m = _clamp(operand_row(t.origin_m, t.wave_m, i, t.lane), positions)
-        n, od, oh, ow = position_coords(m, *out_dhw)
-        rows.append(
-            (
-                n,
-                input_origin(od, stride[0], padding[0]),
-                input_origin(oh, stride[1], padding[1]),
-                input_origin(ow, stride[2], padding[2]),
-            )
-        )
-    return rows
-
-
-def _b_rows(t: _WaveTile, kg, reduction):
-    """Per B repeat: the element offset of the lane's packed-weight row (clamped channel)."""
-    rows = []
-    for j in range_constexpr(t.reps_n):
-        col = _clamp(operand_row(t.origin_n, t.wave_n, j, t.lane), kg)
-        rows.append(weight_offset(fx.Int64(out_channel(t.group, kg, col)), reduction, 0))
-    return rows
-
-
-def _load_step(t: _WaveTile, in_dtype, px, pw, a_rows, b_rows, kb_begin, step, r_end, sizes,
-               ks, dil):  # fmt: skip
-    """(A runs, B runs) of the BLOCKS_PER_STEP k-blocks of main-loop step `step`: each lane's
-    run of every repeat, zero for padding taps and for runs at or past r_end."""
-    cgp, d, h, w, c_total = sizes
-    run = k_run(t.wsz)
-    zero = fx.Vector.filled(run, 0, in_dtype)
-    a_runs, b_runs = [], []
-    for sub in range_constexpr(BLOCKS_PER_STEP):
-        r = run_start(step_block(kb_begin, step, sub), t.lane, t.wsz)
-        live = r < r_end
-        r = live.select(r, 0)
-        tap_t, tap_h, tap_w, c = reduction_coords(r, cgp, ks[1], ks[2])
-        c_index = fx.Int64(group_channel(t.group, cgp, c))
-        runs = []
-        for n, d0, h0, w0 in a_rows:
-            di, hi, wi = (
-                tap_coord(d0, tap_t, dil[0]),
-                tap_coord(h0, tap_h, dil[1]),
-                tap_coord(w0, tap_w, dil[2]),
-            )
-            ok = live & inside(di, d) & inside(hi, h) & inside(wi, w)
-            voxel = ok.select(voxel_index(n, di, hi, wi, d, h, w), 0)
-            off = x_offset(fx.Int64(voxel), c_index, c_total)
-            runs.append(ok.select(load_run(px, off, run, in_dtype), zero))
-        a_runs.append(runs)
-        r64 = fx.Int64(r)
-        b_runs.append([live.select(load_run(pw, row + r64, run, in_dtype), zero) for row in b_rows])
-    return a_runs, b_runs
-
-
-def _mma_step(mma: str, in_dtype, a_runs, b_runs, accs):
-    reps_n = len(b_runs[0])
-    accs = list(accs)
-    for sub in range_constexpr(BLOCKS_PER_STEP):
-        for i, a_run in enumerate(a_runs[sub]):
-            for j, b_run in enumerate(b_runs[sub]):
-                acc = i * reps_n + j
-                accs[acc] = mma_16bit.mma_step(mma, in_dtype, a_run, b_run, accs[acc])
-    return accs
+def _lane_bias(p, blk: _ConvBlock, bias, kg):
+    """The lane's bias per B repeat in fp32 (zero for a column past the group's Kg)."""
+    cols_left = kg - blk.origin_n
+    first = out_channel(blk.group, kg, blk.origin_n)
+    buf = _uniform_buffer(fx.get_iter(bias), first, cols_left, 1, element_bytes(bias.dtype))
+    values = []
+    for j in range_constexpr(p.reps_n):
+        col = blk.wave_col0 + j * MMA_MN + mx.acc_col(p.lane)
+        values.append(mainloop.load_scalar(buf, col < cols_left, col, bias.dtype).to(fx.Float32))
+    return values
 
 
 @flyc.kernel
@@ -565,50 +571,110 @@ def conv3d_implicit_kernel(
     mma: fx.Constexpr[str],
 ):
     """Work-group (x, y) computes a tile_m x tile_n tile of group y // split_k's GEMM over
-    split y % split_k's k-blocks; split_k == 1 writes out (+ bias), else `out` is the fp32
-    staging buffer and has_bias is False."""
+    split y % split_k's k-blocks through the shared main loop; split_k == 1 writes out (+ bias),
+    else `out` is the fp32 [split_k, M, K] staging buffer and has_bias is False."""
     spatial = out_d * out_h * out_w
     positions = n * spatial
     k = groups * kg
     reduction = reduction_size(cgp, *kernel_size)
-    t = _WaveTile(mma, tile_m, tile_n, wave_m, wave_n, wgm, split_k, positions, kg)
-    in_dtype = x.dtype
-    px = fx.get_iter(x)
-    pw = fx.get_iter(weight)
-    a_rows = _a_rows(t, positions, (out_d, out_h, out_w), stride, padding)
-    b_rows = _b_rows(t, kg, fx.Int64(reduction))
-    sizes = (cgp, d, h, w, fx.Int64(groups * cgp))
-    kb_begin, steps, r_end = split_range(t.split, reduction, split_k, _select)
+    c_total = groups * cgp
+    out_dhw, in_dhw = (out_d, out_h, out_w), (d, h, w)
+    by_column = split_k == 1 and output_layout == "NCDHW"
+    staged_dtype = out.dtype if const_expr(split_k == 1) else fx.Float32
+    staged_bytes = element_bytes(staged_dtype)
+    blk = _ConvBlock(mma, tile_m, tile_n, wave_m, wave_n, wgm, split_k, positions, kg)
+    tile_k = tile_k_of(tile_m, tile_n, wave_m, wave_n)
+    nbytes = conv_lds_bytes(tile_m, tile_n, wave_m, wave_n, staged_bytes, by_column, mma)
+    lds = fx.SharedAllocator().allocate(fx.Array[fx.Uint8, nbytes, mx.CHUNK_BYTES]).peek().ptr
 
-    accs = zero_accs(t.reps_m * t.reps_n, t.rows_per_lane, fx.Float32)
-    # One runtime loop over the split's steps; `accs` is reassigned, so it is loop-carried.
-    for step in range(fx.Int32(0), steps, fx.Int32(1)):
-        a_runs, b_runs = _load_step(
-            t, in_dtype, px, pw, a_rows, b_rows, kb_begin, step, r_end, sizes, kernel_size,
-            dilation,
-        )  # fmt: skip
-        accs = _mma_step(mma, in_dtype, a_runs, b_runs, accs)
+    # A: the padded input from the block's first frame (block_input_base), as frames of H * W
+    # voxels; B: the packed weight from the tile's first output channel of the group.
+    base = block_input_base(blk.origin_m, out_dhw, stride[0], padding[0], _select)
+    first_frame = base[0] * d + base[1]
+    a_buf = _uniform_buffer(fx.get_iter(x), first_frame, n * d - first_frame, h * w * c_total, 2)
+    b_rows_left = kg - blk.origin_n
+    b_buf = _uniform_buffer(fx.get_iter(weight), out_channel(blk.group, kg, blk.origin_n),
+                            b_rows_left, reduction, 2)  # fmt: skip
+    row_ctx = (blk.origin_m, base, group_channel(blk.group, cgp, 0), out_dhw, in_dhw, c_total,
+               stride, padding, positions)  # fmt: skip
+    chunk_ctx = (cgp, in_dhw, c_total, kernel_size, dilation, padding)
+    p = mainloop.Pipeline(
+        mma, tile_m, tile_n, tile_k, x, weight, positions, kg, reduction, lds,
+        k_tail=has_k_tail_taps(kernel_size), a_rows=functools.partial(_a_row, row_ctx),
+        a_chunk=functools.partial(_a_chunk, chunk_ctx), a_buffer=a_buf, b_buffer=b_buf,
+        b_rows_left=b_rows_left,
+    )  # fmt: skip
+    pm = _wave_layout(p, blk, tile_m, tile_n, wave_m, wave_n)
+    kb_begin, kb_end = split_blocks(blk.split, reduction, split_k)
+    tiles = mx.k_tiles(kb_begin, kb_end, p.blocks)
 
-    # Epilogue: bias and cast per 16x16 tile, then one predicated store per accumulator
-    # element at a row part (per row) plus a column part (per column) of its offset.
-    columns = _out_columns(t, kg, spatial, bias, has_bias, split_k, output_layout)
-    values = []
-    for i in range_constexpr(t.reps_m):
-        for j in range_constexpr(t.reps_n):
-            acc = accs[i * t.reps_n + j]
-            if const_expr(has_bias):
-                acc = acc + columns[j][2]
-            if const_expr(split_k == 1):
-                acc = acc.to(out.dtype)
-            values.append(acc)
-    pout = fx.get_iter(out)
-    for i in range_constexpr(t.reps_m):
-        for e in range_constexpr(t.rows_per_lane):
-            row_ok, row_part = _out_row(t, i, e, positions, spatial, k, split_k, output_layout)
-            for j in range_constexpr(t.reps_n):
-                col_ok, col_part, _ = columns[j]
-                if row_ok & col_ok:
-                    fx.ptr_store(values[i * t.reps_n + j][e], pout + (row_part + col_part))
+    accs = mainloop.zero_accs(p)
+    a_copy, b_next = mainloop.load_k_tile(p, kb_begin, kb_end)
+    # Runtime loop; accs, a_copy and b_next are reassigned, so they are carried.
+    for t in range(fx.Int32(1), tiles, fx.Int32(1)):
+        b_cur = b_next
+        fx.barrier()
+        mainloop.store_a(p, a_copy)
+        fx.barrier()
+        a_copy, b_next = mainloop.load_k_tile(p, kb_begin + t * p.blocks, kb_end)
+        rocdl.sched_barrier(0)  # keep the next k-tile's loads ahead of this one's MMAs
+        accs = mainloop.mma_k_tile(pm, b_cur, accs)
+    # The last k-tile (zeros when the split owns no k-block).
+    fx.barrier()
+    mainloop.store_a(p, a_copy)
+    fx.barrier()
+    accs = mainloop.mma_k_tile(pm, b_next, accs)
+
+    # Epilogue: 16 rows at a time through each wave's LDS staging area, stored as 16-byte runs:
+    # along channels (NDHWC out, the workspace) or along output positions (NCDHW out); a run
+    # crossing the group's Kg, M or a sample stores element by element.
+    if const_expr(has_bias):
+        bias_f32 = _lane_bias(p, blk, bias, kg)
+    stage = fx.recast_iter(staged_dtype, lds)
+    dst = fx.get_iter(out)
+    vec = mx.CHUNK_BYTES // staged_bytes
+    passes = stage_read_passes(blk.wave_cols, staged_bytes, by_column, mma)
+    k64, spatial64 = fx.Int64(k), fx.Int64(spatial)
+    fx.barrier()  # every wave is done reading the A stage the staging areas reuse
+    for i in range_constexpr(p.reps_m):
+        row_tiles = [accs[i * p.reps_n + j] for j in range_constexpr(p.reps_n)]
+        if const_expr(has_bias):
+            row_tiles = [row_tiles[j] + bias_f32[j] for j in range_constexpr(p.reps_n)]
+        _stage_tiles(p, blk, row_tiles, stage, staged_dtype, by_column)
+        for store_pass in range_constexpr(passes):
+            values, row16, col, real = _staged_run(p, blk, stage, staged_dtype, store_pass,
+                                                   by_column)  # fmt: skip
+            row = blk.origin_m + blk.wave_row0 + i * MMA_MN + row16
+            col = blk.origin_n + blk.wave_col0 + col
+            channel64 = fx.Int64(out_channel(blk.group, kg, col))
+            if const_expr(by_column):
+                sample = row // spatial
+                off = out_row_offset(fx.Int64(row), fx.Int64(sample), k64, spatial64, "NCDHW")
+                off = off + out_col_offset(channel64, spatial64, "NCDHW")
+                whole = (row + vec <= positions) & (row + vec <= (sample + 1) * spatial)
+                if real & (col < kg) & whole:
+                    fx.ptr_store(values, dst + off)
+                else:
+                    if real & (col < kg):
+                        for e in range_constexpr(vec):
+                            if row + e < positions:
+                                m_e = row + e
+                                off_e = out_offset(fx.Int64(m_e), fx.Int64(m_e // spatial),
+                                                   channel64, k64, spatial64, "NCDHW")  # fmt: skip
+                                fx.ptr_store(values[e], dst + off_e)
+            else:
+                if const_expr(split_k > 1):
+                    off = staging_offset(fx.Int64(blk.split), fx.Int64(row), channel64,
+                                         fx.Int64(positions), k64)  # fmt: skip
+                else:
+                    off = out_offset(fx.Int64(row), 0, channel64, k64, 0, "NDHWC")
+                if real & (row < positions) & (col + vec <= kg):
+                    fx.ptr_store(values, dst + off)
+                else:
+                    if real & (row < positions) & (col < kg):
+                        for e in range_constexpr(vec):
+                            if col + e < kg:
+                                fx.ptr_store(values[e], dst + off + e)
 
 
 @flyc.jit
@@ -783,16 +849,26 @@ def launch_conv3d(
     - bias: None or contiguous [K] of x's dtype, added in fp32 before the cast.
     - out: contiguous, x's dtype, geometry.out_shape(output_layout): [N, K, D', H', W'] for
       "NCDHW", [N, D', H', W', K] for "NDHWC". Every element is written exactly once.
-    - tile: one of SUPPORTED_TILES[mma]. split_k: an int >= 1; split s owns reduction k-blocks
+    - tile: one of SUPPORTED_TILES[mma] (tile_problem: every tile of the grid fits). The conv
+      kernel runs the shared LDS-staged main loop (aiter/ops/shared/mainloop.py) over k-tiles
+      of tile_k_of(tile) (64, or 32 for small waves) reduction indices; the im2col rows of A are gathered through its hooks
+      (padding taps, rows past M, columns past Kg and k-blocks past a split load zeros through
+      the buffer range check). split_k: an int >= 1; split s owns reduction k-blocks
       [s * nkb // split_k, (s + 1) * nkb // split_k) of the nkb = ceil(reduction / 32).
       split_k == 1: workspace is ignored and the conv kernel writes out with the bias.
       split_k > 1: workspace is a contiguous float32 conv3d_workspace_shape(geometry, split_k)
       = [split_k, M, K] tensor (need not be zeroed: every split stores its whole partial,
       zeros for an empty range); conv3d_splitk_epilogue sums it, adds the bias, casts, writes.
-    - output_layout: one of LAYOUTS. mma: "mfma" (wave64 v_mfma_f32_16x16x16, gfx942/gfx950
-      only) or "wmma" (wave32 v_wmma_f32_16x16x32, gfx1250 only).
+    - output_layout: one of LAYOUTS. The epilogue stages each wave's 16 rows in LDS and stores
+      16-byte runs: along channels for "NDHWC" and the workspace, along output positions for
+      "NCDHW" (element by element where a run crosses Kg, M or a sample). mma: "mfma" (wave64;
+      gfx942 v_mfma_f32_16x16x16, gfx950 v_mfma_f32_16x16x32) or "wmma" (wave32
+      v_wmma_f32_16x16x32, gfx1250 only).
     - Limits (ValueError): N * D * H * W, M, M tiles x N tiles < 2**31; groups * split_k <=
-      65535 (grid y); for split_k > 1 also M * K + 256 <= 2**31 (the epilogue's flat index).
+      65535 (grid y); for split_k > 1 also M * K + 256 <= 2**31 (the epilogue's flat index);
+      the input frames one block can read (input_span_frames) x H x W x groups * Cgp x 2 bytes
+      below 2**31 - 16 (32-bit buffer offsets from the block's first frame); the packed weight's
+      Kg x reduction x 2 bytes per group below 2**31 - 16.
     - stream: None, an fx.Stream, a raw handle or an object with `cuda_stream`.
 
     Kernels (jit names): conv3d_implicit (Constexpr tile_m, tile_n, wave_m, wave_n, wgm,
@@ -834,6 +910,12 @@ def launch_conv3d(
         )
     if split_k > 1:
         _check_limit("out", "M * K + 256", g.positions * g.k + ELEMENTWISE_BLOCK, INDEX_LIMIT + 1)
+    frames = input_span_frames(tile.tile_m, g.n, g.d, g.out_d, g.out_h, g.out_w, g.kt,
+                               g.stride[0], g.dilation[0])  # fmt: skip
+    span = frames * g.h * g.w * g.padded_c * x_padded_ndhwc.element_size()
+    _check_limit("x_padded_ndhwc", "bytes one block's input frames span", span, mx.OFFSET_LIMIT)
+    weight_bytes = g.kg * g.reduction * x_padded_ndhwc.element_size()
+    _check_limit("packed_weight", "bytes of one group's rows", weight_bytes, mx.OFFSET_LIMIT)
 
     bias_arg = bias if has_bias else out
     x_padded_ndhwc, packed_weight, bias_arg, out = kernel_tensors(

@@ -1,11 +1,16 @@
 """Index arithmetic of the conv3d implicit-GEMM kernels: the GEMM view of a convolution, which
-input element (im2col) and packed-weight element each lane loads, where results and split-K
-partials live, the work-group order, and the pre-transpose and split-K epilogue grids.
+input element (im2col) the shared main loop's A hooks read for a block row and a reduction index,
+where results and split-K partials live, the conv epilogue's LDS staging, the work-group order,
+and the pre-transpose and split-K epilogue grids.
 
 The GEMM: row m of A is output position (n, od, oh, ow) (M = N * D' * H' * W' rows), row kc of
 B is output channel g * Kg + kc of group g (Kg = K / groups), and the reduction index r runs
 over the taps in (t, h, w) order with the group's Cgp padded channels fastest:
 r = ((t * kH + h) * kW + w) * Cgp + c. Cgp = C / groups rounded up to CHANNEL_VECTOR.
+
+The main loop is the shared one (aiter/ops/shared/mainloop.py, mainloop_index.py): A's k-tile
+of TILE_K reduction indices goes through LDS, gathered by a_row_info (once per copied row) and
+a_chunk_element (per 16-byte chunk: the tap's address and whether it is in the padding).
 """
 
 # Only + - * // % & | and comparisons appear below, so the same functions run on Python ints
@@ -16,35 +21,34 @@ r = ((t * kH + h) * kW + w) * Cgp + c. Cgp = C / groups rounded up to CHANNEL_VE
 # in a kernel, torch.where in a test, a conditional expression on ints. Kernel sizes, strides,
 # paddings, dilations, split_k and tile fields are compile-time Python ints everywhere.
 
-from aiter.ops.shared.gemm_index import (
-    K_BLOCK,
-    MMA_MN,
-    WAVE_SIZE,
-    WAVES_PER_BLOCK,
-    c_coord,
-    k_run,
-    lane_k_offset,
-    split_k_range,
-)
+from aiter.ops.shared import mainloop_index as mx
+from aiter.ops.shared.mainloop_index import MMA_MN, WAVE_SIZE, WAVES_PER_BLOCK
 
-# Channels of a group are padded to a multiple of this many. Every lane's contiguous reduction
-# run (k_run: 8 elements for the wave64 MFMA kernels, 16 for the wave32 WMMA kernels) starts at
-# a multiple of its own length, so with Cgp a multiple of 16 a run never crosses from one tap
-# (t, h, w) into the next, and one constant serves both flavours.
+K_BLOCK = mx.k_block(2)  # 32 bf16/fp16 reduction indices: one 64-byte MMA k-block
+
+# Channels of a group are padded to a multiple of this many. Every 16-byte chunk of A the main
+# loop copies (8 elements) and every lane's MMA run (8 or 16 elements) starts at a multiple of
+# its own length, so with Cgp a multiple of 16 none crosses from one tap (t, h, w) into the next.
 CHANNEL_VECTOR = 16
-# Reduction depth per main-loop iteration: two 32-deep MMA k-blocks (four v_mfma 16x16x16 or
-# two v_wmma 16x16x32 per 16x16 tile). A partial last step is masked, so there is no tail loop.
-K_STEP = 64
-BLOCKS_PER_STEP = K_STEP // K_BLOCK
+# Reduction depth of one main-loop k-tile: two 32-deep MMA k-blocks. The reduction's last
+# k-block may be half full (Cgp * taps a multiple of 16 only): its missing chunks load zeros.
+TILE_K = 64
+# The heuristic's unit of reduction work (plan.heuristic_split_k counts steps of it).
+K_STEP = TILE_K
+# A wave holding fewer MMA tiles than this runs k-tiles of one k-block (SMALL_TILE_K): half the
+# B runs, A copy and LDS stage in flight, so small tiles keep their occupancy.
+DEEP_TILE_MMAS = 8
+SMALL_TILE_K = 32
 # Threads per work-group of the one-element-per-thread kernels (pre-transpose, epilogue).
 ELEMENTWISE_BLOCK = 256
 
 __all__ = [
-    "BLOCKS_PER_STEP",
     "CHANNEL_VECTOR",
     "ELEMENTWISE_BLOCK",
     "K_BLOCK",
     "K_STEP",
+    "SMALL_TILE_K",
+    "TILE_K",
     "MMA_MN",
     "WAVES_PER_BLOCK",
     "WAVE_SIZE",
@@ -123,6 +127,14 @@ def wave_repeats(tile_m: int, tile_n: int, wave_m: int, wave_n: int):
     return rows // MMA_MN, cols // MMA_MN
 
 
+def tile_k_of(tile_m: int, tile_n: int, wave_m: int, wave_n: int) -> int:
+    """Reduction depth of the main loop's k-tile for a tile (a function of the tile alone, so
+    the tile the plan chooses decides it): TILE_K, or SMALL_TILE_K for a wave of fewer than
+    DEEP_TILE_MMAS 16x16 MMA tiles."""
+    reps_m, reps_n = wave_repeats(tile_m, tile_n, wave_m, wave_n)
+    return TILE_K if reps_m * reps_n >= DEEP_TILE_MMAS else SMALL_TILE_K
+
+
 def wave_origin(wave, tile_m: int, tile_n: int, wave_m: int, wave_n: int):
     """Row and column offsets of a wave's sub-tile inside the work-group tile (waves are laid
     out wave_n per row of waves)."""
@@ -184,14 +196,65 @@ def group_channel(g, cgp, c):
     return g * cgp + c
 
 
-def run_start(kb, lane, wave_size: int):
-    """Reduction index where a lane's contiguous run starts in k-block kb."""
-    return kb * K_BLOCK + lane_k_offset(lane, wave_size)
+# --- the main loop's A hooks: im2col through the buffer range check ---------------------------
 
 
-def run_fits_a_tap(wave_size: int) -> bool:
-    """Whether a lane's run, which starts at a multiple of its length, stays in one tap."""
-    return CHANNEL_VECTOR % k_run(wave_size) == 0
+def block_input_base(origin_m, out_dhw, stride_d: int, pad_d: int, select):
+    """(sample n0, input frame f0) the block's input buffer starts at: the first frame any valid
+    tap of the block's rows (output positions origin_m, origin_m + 1, ...) can read. Later rows
+    are later output positions, so their valid taps never lie before (n0, f0, 0, 0): every
+    element offset a valid tap computes from this base is >= 0, and the 32-bit buffer offsets
+    need only cover the block's own frames (input_span_frames)."""
+    n0, od0, _, _ = position_coords(origin_m, *out_dhw)
+    d0 = input_origin(od0, stride_d, pad_d)
+    return n0, select(d0 > 0, d0, 0)
+
+
+def input_span_frames(tile_m: int, n, d, out_d, out_h, out_w, kt: int, stride_d: int,
+                      dilation_d: int):  # fmt: skip
+    """An upper bound of the input frames (of H * W voxels) between a block's base
+    (block_input_base) and the last voxel any valid tap of its tile_m rows reads."""
+    out_frames = (tile_m - 1) // (out_h * out_w) + 2  # output frames the rows can touch
+    reach = (out_frames - 1) * stride_d + (kt - 1) * dilation_d + 1
+    samples = (tile_m - 1) // (out_d * out_h * out_w) + 1 if n > 1 else 0
+    return min(n * d, reach + samples * d)
+
+
+def a_row_info(m, base, group_base, out_dhw, in_dhw, c_total, stride, padding, positions):
+    """What the main loop keeps of A row m (output position m), once per copied row: the element
+    offset, from the block's base (n0, f0), of its tap (0, 0, 0) channel 0 of the group (negative
+    where that tap lies in the padding), its tap-0 input coordinates (d0, h0, w0), and whether
+    the row exists (m < M). Rows past M are not clamped: their loads are masked."""
+    n0, f0 = base
+    d, h, w = in_dhw
+    n, od, oh, ow = position_coords(m, *out_dhw)
+    d0 = input_origin(od, stride[0], padding[0])
+    h0 = input_origin(oh, stride[1], padding[1])
+    w0 = input_origin(ow, stride[2], padding[2])
+    row = x_offset(voxel_index(n - n0, d0 - f0, h0, w0, d, h, w), group_base, c_total)
+    return row, d0, h0, w0, m < positions
+
+
+def a_chunk_element(info, r, cgp, in_dhw, c_total, kernel, dilation, padding):
+    """(element offset from the block's base, valid) of reduction index r of a row (a_row_info):
+    the input element its tap reads, invalid where the tap falls in the padding (the load then
+    returns zeros). An axis without padding needs no check: its taps always lie inside."""
+    row, d0, h0, w0, valid = info
+    d, h, w = in_dhw
+    t, th, tw, c = reduction_coords(r, cgp, kernel[1], kernel[2])
+    dd, dh, dw = (
+        tap_coord(0, t, dilation[0]),
+        tap_coord(0, th, dilation[1]),
+        tap_coord(0, tw, dilation[2]),
+    )
+    element = row + x_offset(voxel_index(0, dd, dh, dw, d, h, w), c, c_total)
+    if padding[0]:
+        valid = valid & inside(d0 + dd, d)
+    if padding[1]:
+        valid = valid & inside(h0 + dh, h)
+    if padding[2]:
+        valid = valid & inside(w0 + dw, w)
+    return element, valid
 
 
 # --- the B operand: the packed weight --------------------------------------------------------
@@ -215,24 +278,18 @@ def packed_weight_index(k, t, h, w, c, kh: int, kw: int, cgp):
 # --- the reduction loop ----------------------------------------------------------------------
 
 
-def split_range(split, reduction, split_k: int, select):
-    """(first k-block, number of main-loop steps, end of the split's reduction range).
-
-    Split s owns k-blocks [s * nkb // split_k, (s + 1) * nkb // split_k) (split_k_range); its
-    steps of BLOCKS_PER_STEP k-blocks cover them, and a run starting at or past the end (the
-    next split's blocks, or past the reduction) is masked to zero. The end is a multiple of
-    CHANNEL_VECTOR, so a run is either wholly before it or wholly at or past it.
-    """
-    nkb = num_k_blocks(reduction)
-    kb_begin, kb_end = split_k_range(split, nkb, split_k)
-    steps = (kb_end - kb_begin + BLOCKS_PER_STEP - 1) // BLOCKS_PER_STEP
-    end = kb_end * K_BLOCK
-    return kb_begin, steps, select(end < reduction, end, reduction)
+def split_blocks(split, reduction, split_k: int):
+    """[first, end) k-blocks of split s: split s owns k-blocks [s * nkb // split_k,
+    (s + 1) * nkb // split_k) of the nkb = ceil(reduction / K_BLOCK) (mx.split_k_range)."""
+    return mx.split_k_range(split, num_k_blocks(reduction), split_k)
 
 
-def step_block(kb_begin, step, sub: int):
-    """K-block `sub` of main-loop step `step`."""
-    return kb_begin + step * BLOCKS_PER_STEP + sub
+def has_k_tail_taps(kernel) -> bool:
+    """Whether a reduction of these taps can end inside a k-block: Cgp is a multiple of 16, so
+    kT * kH * kW * Cgp is a multiple of K_BLOCK (32) whenever the tap count is even. Decided by
+    the kernel size alone (a compile-time choice), not by the runtime Cgp."""
+    kt, kh, kw = kernel
+    return (kt * kh * kw) % 2 == 1
 
 
 # --- outputs ---------------------------------------------------------------------------------
@@ -273,17 +330,6 @@ def staging_row_offset(split, m, positions, k):
 def staging_offset(split, m, channel, positions, k):
     """Element offset of staging[split, m, channel] in the fp32 [split_k, M, K] buffer."""
     return staging_row_offset(split, m, positions, k) + channel
-
-
-def acc_origin(origin_m, origin_n, wave_m, wave_n, lane, wave_size: int):
-    """(GEMM row, column of the group) of a lane's accumulator element 0 in MMA tile (0, 0)."""
-    return c_coord(origin_m, origin_n, wave_m, wave_n, 0, 0, lane, 0, wave_size)
-
-
-def acc_coord(row0, col0, rep_m: int, rep_n: int, e: int):
-    """(GEMM row, column) of accumulator element e in MMA tile (rep_m, rep_n), from the lane's
-    acc_origin: the a16w16 c_coord, with the lane's part computed once."""
-    return row0 + rep_m * MMA_MN + e, col0 + rep_n * MMA_MN
 
 
 def elementwise_grid(count):
@@ -328,3 +374,91 @@ def pretranspose_element(idx, spatial, groups, cgp, cg, select):
     real = c < cg
     src = ((n * groups + g) * cg + c) * spatial + s
     return real, select(real, src, 0)
+
+
+# --- the epilogue: accumulators -> LDS -> 16-byte runs ----------------------------------------
+
+# A wave's accumulators of one A repeat (16 rows x wave_cols columns) are staged in the wave's
+# own LDS area, then read back as 16-byte runs: along a row of C for the [M, K]-shaped
+# destinations (NDHWC out, the split-K workspace), along a column of C (16 consecutive output
+# positions of one channel) for NCDHW out. Each staged row (column) is padded by one chunk.
+
+
+def row_pitch(wave_cols: int, out_bytes: int) -> int:
+    return wave_cols * out_bytes + mx.CHUNK_BYTES
+
+
+def col_pitch(out_bytes: int) -> int:
+    return MMA_MN * out_bytes + mx.CHUNK_BYTES
+
+
+def stage_bytes(wave_cols: int, out_bytes: int, by_column: bool) -> int:
+    """LDS bytes of one wave's staging area."""
+    if by_column:
+        return wave_cols * col_pitch(out_bytes)
+    return MMA_MN * row_pitch(wave_cols, out_bytes)
+
+
+def stage_write_byte(wave, rep_n, lane, e, wave_cols: int, out_bytes: int, by_column: bool,
+                     mma: str):  # fmt: skip
+    """Where accumulator element e of B repeat rep_n of a lane goes in its wave's area (by
+    column: the lane's elements are consecutive rows, so element 0's place starts a vector)."""
+    row = mx.acc_row(lane, e, mma)
+    col = rep_n * MMA_MN + mx.acc_col(lane)
+    base = wave * stage_bytes(wave_cols, out_bytes, by_column)
+    if by_column:
+        return base + col * col_pitch(out_bytes) + row * out_bytes
+    return base + row * row_pitch(wave_cols, out_bytes) + col * out_bytes
+
+
+def stage_runs(wave_cols: int, out_bytes: int, by_column: bool) -> int:
+    """16-byte runs in a wave's staged 16 rows."""
+    return MMA_MN * wave_cols * out_bytes // mx.CHUNK_BYTES
+
+
+def stage_read_passes(wave_cols: int, out_bytes: int, by_column: bool, mma: str) -> int:
+    runs = stage_runs(wave_cols, out_bytes, by_column)
+    return (runs + WAVE_SIZE[mma] - 1) // WAVE_SIZE[mma]
+
+
+def stage_read_coord(store_pass, lane, wave_cols: int, out_bytes: int, by_column: bool,
+                     mma: str):  # fmt: skip
+    """(row in the 16, column in the wave's columns, real, LDS byte in the wave's area) of the
+    run a lane reads in a pass: its first element; the run goes along the row (by_column False)
+    or down the column."""
+    vec = mx.CHUNK_BYTES // out_bytes
+    q = store_pass * WAVE_SIZE[mma] + lane
+    real = q < stage_runs(wave_cols, out_bytes, by_column)
+    if by_column:
+        per_col = MMA_MN // vec
+        row, col = (q % per_col) * vec, q // per_col
+        return row, col, real, col * col_pitch(out_bytes) + row * out_bytes
+    per_row = wave_cols // vec
+    row, col = q // per_row, (q % per_row) * vec
+    return row, col, real, row * row_pitch(wave_cols, out_bytes) + col * out_bytes
+
+
+def conv_lds_bytes(tile_m: int, tile_n: int, wave_m: int, wave_n: int, out_bytes: int,
+                   by_column: bool, mma: str) -> int:  # fmt: skip
+    """LDS a block allocates: the A stage of the shared main loop (with the idle copy slots of
+    small tiles), reused by the four waves' staging areas."""
+    tile_k = tile_k_of(tile_m, tile_n, wave_m, wave_n)
+    stage = max(
+        mx.a_stage_bytes(tile_m, tile_k, 2),
+        mx.a_copy_passes(tile_m, tile_k, 2, mma) * mx.threads(mma) * mx.CHUNK_BYTES,
+    )
+    wave_cols = tile_n // wave_n
+    return max(stage, WAVES_PER_BLOCK * stage_bytes(wave_cols, out_bytes, by_column))
+
+
+def a_wave_lds_byte(wave_row0, tile_k: int, elem_bytes: int):
+    """Byte offset of a wave's first A row in the A stage. A wave reads its rows through the
+    shared operand reads of rows 0, 1, ... from this offset: the swizzle repeats every
+    swizzle_period rows, and wave row offsets are multiples of 16, so the bytes agree."""
+    return wave_row0 * mx.chunks_per_row(tile_k, elem_bytes) * mx.CHUNK_BYTES
+
+
+def swizzle_period(tile_k: int, elem_bytes: int) -> int:
+    """Rows after which the A stage's swizzle repeats."""
+    cpr = mx.chunks_per_row(tile_k, elem_bytes)
+    return max(1, mx.CHUNKS_PER_LINE // cpr) * min(cpr, mx.CHUNKS_PER_LINE)
