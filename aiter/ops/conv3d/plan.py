@@ -209,7 +209,12 @@ def cannot_serve(geometry: Any, mma: str, choice: ConvChoice | None = None) -> s
     `choice`'s tile and split-K, when given), None when it can: launch_conv3d's limits, so a
     kernel that would refuse the call is never chosen and torch serves it instead."""
     from aiter.ops.conv3d.kernels.implicit_gemm import SUPPORTED_TILES
-    from aiter.ops.conv3d.kernels.implicit_gemm_index import ELEMENTWISE_BLOCK, tile_counts
+    from aiter.ops.conv3d.kernels.implicit_gemm_index import (
+        ELEMENTWISE_BLOCK,
+        input_span_frames,
+        tile_counts,
+    )
+    from aiter.ops.shared.mainloop_index import OFFSET_LIMIT
 
     g = geometry
     if mma not in SUPPORTED_TILES:
@@ -237,6 +242,15 @@ def cannot_serve(geometry: Any, mma: str, choice: ConvChoice | None = None) -> s
             f"M * K = {g.positions * g.k} is too large for the split-K epilogue's 32-bit "
             f"indices (split_k={split_k})"
         )
+    # The main loop's 32-bit buffer offsets (2-byte inputs): the input frames one block reads,
+    # and one group's packed weight rows.
+    frames = input_span_frames(tile.tile_m, g.n, g.d, g.out_d, g.out_h, g.out_w, g.kt,
+                               g.stride[0], g.dilation[0])  # fmt: skip
+    span = frames * g.h * g.w * g.padded_c * 2
+    if span >= OFFSET_LIMIT:
+        return f"one {choice.name} block's input frames span {span} bytes, over 32-bit offsets"
+    if g.kg * g.reduction * 2 >= OFFSET_LIMIT:
+        return f"one group's packed weight, {g.kg * g.reduction * 2} bytes, is over 32-bit offsets"
     return None
 
 
