@@ -269,6 +269,16 @@ def test_swizzle_leaves_operand_traffic_free_of_bank_conflicts(arch: str, tile_k
         assert run.stats[kind].cycles <= 2 * run.stats[kind].ideal_cycles, summary
 
 
+@pytest.mark.parametrize("cpr", [2, 4, 8, 16])
+def test_the_swizzle_repeats_every_16_rows(cpr: int) -> None:
+    """The MMA operand reads use one address per lane plus a constant per repeat."""
+    for row in range(64):
+        for chunk in range(cpr):
+            assert mx.a_lds_byte(row + 16, chunk, cpr) == (
+                mx.a_lds_byte(row, chunk, cpr) + mx.rep_stride_bytes(cpr)
+            )
+
+
 def test_an_unswizzled_stage_would_conflict() -> None:
     """The bank model sees the conflicts the swizzle removes: eight rows' same chunk, unswizzled
     (row pitch 128 bytes), all fall on one group of four banks."""

@@ -25,7 +25,7 @@ from tests.aot_cli import lines_starting, run_aot
 
 BF16, FNUZ, I32 = torch.bfloat16, torch.float8_e4m3fnuz, torch.int32
 A16, BP, BS = "flydsl_a16w16", "flydsl_a8w8_bpreshuffle", "flydsl_a8w8_blockscale"
-BS_TILES = "16x64x128, 16x128x128, 32x64x128, 32x128x128, 64x64x128, 64x128x128, 128x64x128, 128x128x128"  # fmt: skip
+BS_TILES = ", ".join(f"{m}x{n}x128" for m in (16, 32, 64, 128, 256) for n in (64, 128))
 
 
 def _t(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:

@@ -193,13 +193,16 @@ def store_a(p: Pipeline, a_copy):
 
 
 def _a_operand(p: Pipeline, rep: int, kb: int):
-    """A lane's K run of A row repeat `rep` in k-block kb, read from the LDS stage."""
-    row = mx.operand_row(rep, p.lane)
+    """A lane's K run of A row repeat `rep` in k-block kb, read from the LDS stage.
+
+    The swizzle repeats every 16 rows (mx.rep_stride_bytes), so every repeat reads at one
+    per-lane address plus a constant: one address register, immediate offsets."""
+    row = mx.operand_row(0, p.lane)
     vec = fx.Vector.make_type(mx.CHUNK_BYTES // p.elem_bytes, p.dtype)
     pieces = []
     for piece in range_constexpr(mx.operand_chunks(p.mma)):
         chunk = mx.operand_chunk(kb, p.lane, piece, p.mma)
-        byte = mx.a_lds_byte(row, chunk, p.cpr)
+        byte = mx.a_lds_byte(row, chunk, p.cpr) + rep * mx.rep_stride_bytes(p.cpr)
         pieces.append(fx.ptr_load(p.lds_a + byte // p.elem_bytes, result_type=vec))
     return _join(pieces, p.elem_bytes)
 
@@ -290,7 +293,25 @@ def mma_k_tile(p: Pipeline, b_runs, accs):
             for j in range_constexpr(p.reps_n):
                 t = i * p.reps_n + j
                 accs[t] = mma_fn(p, a_run, _b_operand(p, b_runs, j, kb), accs[t])
+    interleave_operand_reads(p, p.reps_m * p.blocks, p.reps_n)
     return accs
+
+
+def mma_instructions(p: Pipeline) -> int:
+    """MMA instructions per 16x16 tile per k-block."""
+    if const_expr(p.mma == "wmma" or p.mma_k == 32):
+        return 1
+    return 2
+
+
+def interleave_operand_reads(p: Pipeline, groups: int, reps_n: int):
+    """Scheduling hint: each A operand's LDS read, then the MMAs that use it, in turn. The
+    scheduler otherwise hoists every read of the k-tile ahead of the first MMA, which holds
+    all their registers at once."""
+    pieces = mx.operand_chunks(p.mma)
+    for _ in range_constexpr(groups):
+        rocdl.sched_group_barrier(rocdl.mask_dsrd, pieces, 0)
+        rocdl.sched_group_barrier(rocdl.mask_mfma, reps_n * mma_instructions(p), 0)
 
 
 def mma_k_tile_rep(p: Pipeline, b_runs, rep_m: int, tiles):
@@ -302,6 +323,7 @@ def mma_k_tile_rep(p: Pipeline, b_runs, rep_m: int, tiles):
         a_run = _a_operand(p, rep_m, kb)
         for j in range_constexpr(p.reps_n):
             tiles[j] = mma_fn(p, a_run, _b_operand(p, b_runs, j, kb), tiles[j])
+    interleave_operand_reads(p, p.blocks, p.reps_n)
     return tiles
 
 

@@ -136,6 +136,13 @@ def a_lds_byte(row, chunk, cpr: int):
     return (row * cpr + swizzle(row, chunk, cpr)) * CHUNK_BYTES
 
 
+def rep_stride_bytes(cpr: int) -> int:
+    """Bytes between the same chunk of rows r and r + 16: the swizzle's pattern repeats every
+    16 rows (16 is a multiple of the rows a pattern spans), so a_lds_byte(r + 16 * i, c) ==
+    a_lds_byte(r, c) + i * rep_stride_bytes(cpr)."""
+    return MMA_MN * cpr * CHUNK_BYTES
+
+
 def a_stage_bytes(tile_m: int, tile_k: int, elem_bytes: int) -> int:
     return a_stage_chunks(tile_m, tile_k, elem_bytes) * CHUNK_BYTES
 

@@ -611,7 +611,7 @@ def conv3d_implicit_kernel(
     accs = mainloop.zero_accs(p)
     a_copy, b_next = mainloop.load_k_tile(p, kb_begin, kb_end)
     # Runtime loop; accs, a_copy and b_next are reassigned, so they are carried.
-    for t in range(fx.Int32(1), tiles, fx.Int32(1)):
+    for t in range(fx.Int32(1), tiles, fx.Int32(1), unroll=1):
         b_cur = b_next
         fx.barrier()
         mainloop.store_a(p, a_copy)

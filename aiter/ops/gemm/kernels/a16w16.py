@@ -75,7 +75,7 @@ def gemm_a16w16_kernel(
     accs = mainloop.zero_accs(p)
     a_copy, b_next = mainloop.load_k_tile(p, kb_begin, kb_end)
     # Runtime loop; accs, a_copy and b_next are reassigned, so they are carried.
-    for t in range(fx.Int32(1), tiles, fx.Int32(1)):
+    for t in range(fx.Int32(1), tiles, fx.Int32(1), unroll=1):
         b_cur = b_next
         fx.barrier()
         mainloop.store_a(p, a_copy)
@@ -88,6 +88,7 @@ def gemm_a16w16_kernel(
     mainloop.store_a(p, a_copy)
     fx.barrier()
     accs = mainloop.mma_k_tile(p, b_next, accs)
+    rocdl.sched_barrier(0)  # the epilogue's conversions after the MMAs: fewer live registers
 
     # Epilogue: 16 rows at a time through each wave's own LDS staging area, stored as
     # 16-byte runs along rows; runs that cross column N store element by element.

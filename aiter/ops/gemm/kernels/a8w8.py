@@ -277,7 +277,7 @@ def gemm_a8w8_kernel(
     a_copy, b_next = mainloop.load_k_tile(p, kb_begin, kb_end)
     scales_next = _k_tile_scales(p, sc, sb_begin, blockscale)
     # Runtime loop; the reassigned values are carried across iterations.
-    for t in range(fx.Int32(1), tiles, fx.Int32(1)):
+    for t in range(fx.Int32(1), tiles, fx.Int32(1), unroll=1):
         b_cur = b_next
         scales_cur = scales_next
         fx.barrier()
