@@ -298,10 +298,13 @@ def mma_k_tile(p: Pipeline, b_runs, accs):
 
 
 def mma_instructions(p: Pipeline) -> int:
-    """MMA instructions per 16x16 tile per k-block."""
-    if const_expr(p.mma == "wmma" or p.mma_k == 32):
+    """MMA instructions per 16x16 tile per k-block: one WMMA; on MFMA, a 16-byte run feeds
+    two 16x16x32 8-bit MFMAs, two 16x16x16 16-bit ones (gfx942) or one 16x16x32 (gfx950)."""
+    if const_expr(p.mma == "wmma"):
         return 1
-    return 2
+    if const_expr(p.elem_bytes == 1):
+        return 2
+    return 1 if const_expr(p.mma_k == 32) else 2
 
 
 def interleave_operand_reads(p: Pipeline, groups: int, reps_n: int):

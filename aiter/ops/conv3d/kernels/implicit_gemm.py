@@ -284,8 +284,8 @@ class ConvTile:
     """Work-group tile of the conv kernel: tile_m output positions x tile_n output channels of
     one group, computed by four waves laid out wave_m x wave_n (each wave a multiple of 16x16),
     and wgm, the M tiles consecutive work-groups walk before moving to the next N tile. The
-    reduction goes tile_k_of(...) deep per main-loop k-tile: TILE_K (64), or SMALL_TILE_K (32)
-    when a wave holds fewer than 8 MMA tiles."""
+    reduction goes tile_k_of(...) deep per main-loop k-tile: TILE_K (64) when a wave holds 8 to
+    15 MMA tiles, else SMALL_TILE_K (32)."""
 
     tile_m: int
     tile_n: int

@@ -129,10 +129,12 @@ def wave_repeats(tile_m: int, tile_n: int, wave_m: int, wave_n: int):
 
 def tile_k_of(tile_m: int, tile_n: int, wave_m: int, wave_n: int) -> int:
     """Reduction depth of the main loop's k-tile for a tile (a function of the tile alone, so
-    the tile the plan chooses decides it): TILE_K, or SMALL_TILE_K for a wave of fewer than
-    DEEP_TILE_MMAS 16x16 MMA tiles."""
+    the tile the plan chooses decides it): TILE_K for a wave of DEEP_TILE_MMAS up to twice as
+    many 16x16 MMA tiles, else SMALL_TILE_K: a small wave's deep k-tile holds registers its
+    few MMAs cannot use, a big wave's two deep B stages cost a wave per SIMD (128x128 w2x2:
+    192 VGPRs, 2 waves per SIMD at 64, 140 and 3 at 32)."""
     reps_m, reps_n = wave_repeats(tile_m, tile_n, wave_m, wave_n)
-    return TILE_K if reps_m * reps_n >= DEEP_TILE_MMAS else SMALL_TILE_K
+    return TILE_K if DEEP_TILE_MMAS <= reps_m * reps_n < 2 * DEEP_TILE_MMAS else SMALL_TILE_K
 
 
 def wave_origin(wave, tile_m: int, tile_n: int, wave_m: int, wave_n: int):
