@@ -4,8 +4,9 @@ Stage 1: out1[t * topk + k] = act(x_t . w1[e, gate rows], x_t . w1[e, up rows]) 
 every routed (token t, slot k, expert e); with ksplit > 1 the splits add scaled partials into an
 fp32 workspace and an activation kernel finishes. Stage 2: y = out1 row . w2[e] (+ bias)
 (* weight), added atomically into out[t] ("atomic") or written per routed row to an fp32
-workspace that a top-k reduction sums into out ("reduce"). bf16/fp16 inputs use the a16w16
-MMAs, fp8 inputs the a8w8 MMAs on preshuffled weights; MFMA on gfx942/gfx950, WMMA on gfx1250.
+workspace that a top-k reduction sums into out ("reduce"). Both GEMMs run the shared main loop
+(aiter/ops/shared/mainloop.py) with A's rows gathered from the sorted token ids: bf16/fp16 on
+row-major weights, fp8 on preshuffled weights; MFMA on gfx942/gfx950, WMMA on gfx1250.
 """
 
 from __future__ import annotations
@@ -25,13 +26,8 @@ from aiter.ops.moe.kernels.stages_index import (
     MODEL_DIM_MULTIPLE,
     SWIGLU_ALPHA,
     SWIGLU_LIMIT,
-    a1_row,
-    a2_row,
     activate,
     block_active,
-    chunk_inside,
-    chunk_source,
-    clamp_col,
     elementwise_grid,
     elementwise_index,
     entry_slot,
@@ -39,7 +35,6 @@ from aiter.ops.moe.kernels.stages_index import (
     entry_valid,
     expert_row,
     expert_valid,
-    full_k_blocks,
     gate_row,
     has_k_tail,
     inter_dim_multiple,
@@ -54,19 +49,14 @@ from aiter.ops.moe.kernels.stages_index import (
     stage1_ws_up_col,
     stage2_grid,
     stage2_workspace_shape,
-    tail_chunk,
-    tail_chunk_k,
+    stage_k_blocks,
     topk_ws_offset,
     up_row,
 )
 from aiter.ops.shared import SOURCES_DIGEST as SHARED_HELPERS
-from aiter.ops.shared import gemm_blocks, mma_8bit, mma_16bit
-from aiter.ops.shared import gemm_index as a16_index
-from aiter.ops.shared import gemm_index_8bit as fp8_index
-from aiter.ops.shared.gemm_blocks import Tile, check_mma, coord, load_run, to_stream, zero_accs
-from aiter.ops.shared.gemm_index import K_BLOCK as A16_K_BLOCK
-from aiter.ops.shared.gemm_index import WAVE_SIZE, WAVES_PER_BLOCK, k_loop_counts, operand_row
-from aiter.ops.shared.gemm_index_8bit import K_BLOCK as FP8_K_BLOCK
+from aiter.ops.shared import mainloop
+from aiter.ops.shared import mainloop_index as mx
+from aiter.ops.shared.gemm_blocks import check_mma, load_run, to_stream
 from aiter.ops.shared.kernel_tensors import kernel_tensors
 from aiter.ops.shared.launch_args import (
     check_bool,
@@ -97,10 +87,24 @@ __all__ = [
     "stage2_workspace_shape",
 ]
 
-# tile_m is the sorting block size (block_m); tile_k is a multiple of both K blocks (32, 64).
+# tile_m is the sorting block size (block_m); tile_k is a multiple of both k-blocks (32, 64).
+CANDIDATE_TILES = tile_grid((16, 32, 64), (64, 128), (64, 128))
+
+
+def tile_problem(tile: GemmTile, mma: str) -> str | None:
+    """Why a tile cannot run both stages, bf16/fp16 and fp8, on every arch of the flavour, or
+    None. Stage 1 streams the gate and the up rows of its tile_n columns (2 * tile_n B rows per
+    block, the widest main loop); stage 2's reduce mode stages fp32 (the widest epilogue)."""
+    for elem_bytes in (2, 1):
+        problem = mx.budget_problem(tile.tile_m, 2 * tile.tile_n, tile.tile_k, elem_bytes, 4, mma)
+        if problem is not None:
+            return f"{elem_bytes}-byte inputs: {problem}"
+    return None
+
+
 STAGE_TILES: dict[str, tuple[GemmTile, ...]] = {
-    "mfma": tile_grid((16, 32, 64), (64, 128), (64, 128)),
-    "wmma": tile_grid((16, 32, 64), (64, 128), (64, 128)),
+    mma: tuple(t for t in CANDIDATE_TILES if tile_problem(t, mma) is None)
+    for mma in ("mfma", "wmma")
 }
 MMA_FLAVOURS = tuple(STAGE_TILES)
 STAGE_MODES = ("atomic", "reduce")
@@ -112,13 +116,11 @@ OUT_DTYPES = (torch.bfloat16, torch.float16)
 
 _LOG2E = 1.4426950408889634
 
-# Every lane loads its MMA operands straight from global memory (one contiguous K run of one A
-# row and of one weight row per MMA repeat), as the GEMM kernels do: no LDS, no barrier. Helpers
-# hold no dynamic `if` or runtime loop: FlyDSL rewrites those only inside kernel functions.
-
-
-def _select(cond, a, b):
-    return cond.select(a, b)
+# The main loop is the shared one; around it sit the routing (A's rows are the sorted block's
+# tokens, read once per copied row through the Pipeline hooks), the expert's weight rows and
+# the epilogues. Every load of a row that does not exist (padding, a column past the end, a K
+# chunk past inter) is a buffer load out of range and reads zeros. Helpers hold no dynamic `if`
+# or runtime loop: FlyDSL rewrites those only inside the kernel functions themselves.
 
 
 def _scalar(base, offset, dtype):
@@ -143,136 +145,130 @@ def _activate(activation: str, g, u):
     return activate(activation, g, u, _exp, _fmin, _fmax)
 
 
+def _uniform(value):
+    """An Int32 every lane of the block holds (a loaded routing word), said to be uniform so
+    the descriptors built from it stay in SGPRs (no waterfall loop around the loads)."""
+    return fx.Int32(rocdl.readfirstlane(fx.Int32.ir_type, value))
+
+
 def _k_block(quant: bool) -> int:
-    return FP8_K_BLOCK if quant else A16_K_BLOCK
+    return mx.k_block(1 if quant else 2)
 
 
-def _k_step(quant, mma, in_dtype, pa, pb, a_rows, b_rows, k, kb0, count: int, lane, accs):
-    """`count` k-blocks from kb0 over every MMA tile of the wave (fp8: preshuffled weights)."""
-    if const_expr(quant):
-        return mma_8bit.k_blocks(
-            mma, in_dtype, True, pa, pb, a_rows, b_rows, k, kb0, count, lane, accs
-        )
-    return mma_16bit.k_blocks(mma, in_dtype, pa, pb, a_rows, b_rows, k, kb0, count, lane, accs)
+def _block_ids(sorted_ids, origin_m):
+    """The sorted block's first entry of sorted_ids (its rows r < tile_m are read)."""
+    return fx.get_iter(sorted_ids) + fx.Int64(origin_m)
 
 
-def _tail_run(base, offset, row, k, kb, k_block: int, lane_offset, run: int, chunk: int, dtype):
-    """A lane's K run of `row` in the k-block kb that K ends inside, `chunk` elements per load:
-    a chunk past K loads element 0 of the row (in bounds) and is zeroed. offset(row, kk) is the
-    element offset of [row, kk]."""
-    zero = fx.Vector.filled(chunk, 0, dtype)
-    parts = []
-    for c in range_constexpr(run // chunk):
-        kk = tail_chunk_k(kb, k_block, lane_offset, chunk, c)
-        part = load_run(base, offset(row, chunk_source(kk, k, _select)), chunk, dtype)
-        parts.append(_select(chunk_inside(kk, k), part, zero))
-    whole = parts[0]
-    for c in range_constexpr(1, len(parts)):
-        whole = whole.shuffle(parts[c], list(range(chunk * (c + 1))))
-    return whole
+def _entry(sid, r, tile_m: int, m, topk):
+    """(token, slot, valid) of block row r (a row past the block reads entry 0: the callers
+    never use it)."""
+    entry = mainloop.load_scalar(sid, r < tile_m, r, fx.Int32)
+    token, slot = entry_token(entry), entry_slot(entry)
+    return token, slot, entry_valid(token, slot, m, topk)
 
 
-def _k_tail_step(quant, mma, in_dtype, pa, pb, a_rows, b_rows, k, kb, lane, accs):
-    """The k-block kb that K ends inside, over every MMA tile of the wave: the full k-block
-    step with every lane's chunks past K zeroed in both operands (fp8: preshuffled weights)."""
-    wsz = WAVE_SIZE[mma]
-    index, mma_steps = (fp8_index, mma_8bit) if const_expr(quant) else (a16_index, mma_16bit)
-    run = index.k_run(wsz)
-    chunk = tail_chunk(run, 1 if const_expr(quant) else 2)
-    lane_offset = index.lane_k_offset(lane, wsz)
-
-    def step(a_run, b_run, acc):
-        return mma_steps.mma_step(mma, in_dtype, a_run, b_run, acc)
-
-    def row_major(row, kk):
-        return matrix_offset(row, kk, k)
-
-    def weight(row, kk):
-        if const_expr(quant):
-            return fp8_index.shuffled_offset(row, kk, k)
-        return matrix_offset(row, kk, k)
-
-    def loader(base, offset):
-        def load(row, kb_):
-            return _tail_run(
-                base, offset, row, k, kb_, index.K_BLOCK, lane_offset, run, chunk, in_dtype
-            )
-
-        return load
-
-    return gemm_blocks.k_blocks(
-        step, loader(pa, row_major), loader(pb, weight), a_rows, b_rows, kb, 1, accs
-    )
-
-
-def _entry(psid, row, m, topk):
-    """(token, slot, valid) of sorted row `row`."""
+def _sorted_entry(psid, row, m, topk):
+    """(token, slot, valid) of sorted row `row` (the elementwise activation kernel)."""
     entry = _scalar(psid, row, fx.Int32)
     token, slot = entry_token(entry), entry_slot(entry)
     return token, slot, entry_valid(token, slot, m, topk)
 
 
-def _stage1_operand_rows(tile: Tile, psid, expert, m, inter, gate_mode: str):
-    """(A rows, weight rows) of the lane's K runs: hidden rows of the block's tokens, then the
-    gate rows and the up rows of the expert for the lane's columns (clamped past inter)."""
-    a_rows = []
-    for i in range_constexpr(tile.reps_m):
-        entry = _scalar(psid, operand_row(tile.origin_m, tile.wave_m, i, tile.lane), fx.Int32)
-        a_rows.append(fx.Int64(a1_row(entry_token(entry), m, _select)))
-    two_inter = inter * 2
-    gate_rows, up_rows = [], []
-    for j in range_constexpr(tile.reps_n):
-        col = clamp_col(operand_row(tile.origin_n, tile.wave_n, j, tile.lane), inter, _select)
-        gate_rows.append(fx.Int64(expert_row(expert, gate_row(col, inter, gate_mode), two_inter)))
-        up_rows.append(fx.Int64(expert_row(expert, up_row(col, inter, gate_mode), two_inter)))
-    return a_rows, gate_rows + up_rows
+def _stage1_a_hooks(sid, tile_m: int, m, model_dim):
+    """Pipeline hooks of stage 1's A: block row r is row `token` of x (zeros for padding)."""
+
+    def rows(r):
+        token = entry_token(mainloop.load_scalar(sid, r < tile_m, r, fx.Int32))
+        return token * model_dim, token < m
+
+    def chunk(info, kk):
+        return info[0] + kk, info[1]
+
+    return rows, chunk
 
 
-def _stage1_column_info(tile: Tile, expert, inter, gate_mode: str, pws, pbias, quant: bool,
-                        bias: bool):  # fmt: skip
-    """Per MMA repeat j: (the lane's column, gate and up w1_scale, gate and up bias), the
-    scales and biases None when unused."""
-    two_inter = inter * 2
-    columns = []
-    for j in range_constexpr(tile.reps_n):
-        _, col = coord(tile, 0, j, 0)
-        ccol = clamp_col(col, inter, _select)
-        g_row = expert_row(expert, gate_row(ccol, inter, gate_mode), two_inter)
-        u_row = expert_row(expert, up_row(ccol, inter, gate_mode), two_inter)
-        g_scale = u_scale = g_bias = u_bias = None
-        if const_expr(quant):
-            g_scale, u_scale = _scalar(pws, g_row, fx.Float32), _scalar(pws, u_row, fx.Float32)
-        if const_expr(bias):
-            g_bias, u_bias = _scalar(pbias, g_row, fx.Float32), _scalar(pbias, u_row, fx.Float32)
-        columns.append((col, g_scale, u_scale, g_bias, u_bias))
-    return columns
+def _stage2_a_hooks(sid, tile_m: int, m, topk, inter):
+    """Pipeline hooks of stage 2's A: block row r is the routed row of a2 (zeros for padding)."""
+
+    def rows(r):
+        token, slot, valid = _entry(sid, r, tile_m, m, topk)
+        return routed_row(token, slot, topk) * inter, valid
+
+    def chunk(info, kk):
+        return info[0] + kk, info[1]
+
+    return rows, chunk
 
 
-def _stage2_column_info(tile: Tile, expert, model_dim, pws, pbias, quant: bool, bias: bool):
-    """Per MMA repeat j: (the lane's column, its w2_scale, its bias2), None when unused."""
-    columns = []
-    for j in range_constexpr(tile.reps_n):
-        _, col = coord(tile, 0, j, 0)
-        w_row = expert_row(expert, clamp_col(col, model_dim, _select), model_dim)
-        scale = _scalar(pws, w_row, fx.Float32) if const_expr(quant) else None
-        bias_value = _scalar(pbias, w_row, fx.Float32) if const_expr(bias) else None
-        columns.append((col, scale, bias_value))
-    return columns
+def _stage1_b_rows(p, inter, gate_mode: str):
+    """(row of the expert's w1 slab, valid) the lane feeds each B repeat with: its reps_n gate
+    rows, then its reps_n up rows (stage1_acc_index's order); columns past inter load zeros."""
+    gates, ups = [], []
+    for j in range_constexpr(p.reps_n):
+        col = p.origin_n + p.b_row0 + mx.operand_row(j, p.lane)
+        valid = col < inter
+        gates.append((gate_row(col, inter, gate_mode), valid))
+        ups.append((up_row(col, inter, gate_mode), valid))
+    return gates + ups
 
 
-def _stage2_operand_rows(tile: Tile, psid, expert, m, topk, model_dim):
-    """(a2 rows of the block's routed pairs, w2 rows of the lane's columns)."""
-    a_rows = []
-    for i in range_constexpr(tile.reps_m):
-        token, slot, _ = _entry(
-            psid, operand_row(tile.origin_m, tile.wave_m, i, tile.lane), m, topk
-        )
-        a_rows.append(fx.Int64(a2_row(token, slot, m, topk, _select)))
-    b_rows = []
-    for j in range_constexpr(tile.reps_n):
-        col = clamp_col(operand_row(tile.origin_n, tile.wave_n, j, tile.lane), model_dim, _select)
-        b_rows.append(fx.Int64(expert_row(expert, col, model_dim)))
-    return a_rows, b_rows
+def _row_values(p, sid, rep_m: int, tile_m: int, m, topk, scale_buf, weight_buf,
+                routed_scale: bool, with_scale: bool, with_weight: bool):  # fmt: skip
+    """Per accumulator element of A repeat rep_m: (token, slot, valid) of its row and the fp32
+    vectors of the rows' scales and routing weights (None when unused). The scale of a row is
+    at its routed row (stage 2's a2_scale) or at its token (stage 1's a_scale)."""
+    entries, scales, weights = [], [], []
+    for r in mainloop.lane_rows(p, rep_m):
+        token, slot, valid = _entry(sid, r, tile_m, m, topk)
+        entries.append((token, slot, valid))
+        if const_expr(with_scale):
+            scale_row = routed_row(token, slot, topk) if const_expr(routed_scale) else token
+            scales.append(mainloop.load_scalar(scale_buf, valid, scale_row, fx.Float32))
+        if const_expr(with_weight):
+            weights.append(mainloop.load_scalar(weight_buf, r < tile_m, r, fx.Float32))
+    scale_vec = fx.Vector.from_elements(scales, fx.Float32) if const_expr(with_scale) else None
+    weight_vec = fx.Vector.from_elements(weights, fx.Float32) if const_expr(with_weight) else None
+    return entries, scale_vec, weight_vec
+
+
+def _column_values(ptr, rows, enabled: bool):
+    """fp32 value per (row, valid) of a per-row tensor at ptr (w scales, biases), or None."""
+    if const_expr(not enabled):
+        return [None for _ in rows]
+    return [mainloop.load_scalar(ptr, valid, row, fx.Float32) for row, valid in rows]
+
+
+def _stage1_tile(activation: str, g, u, x_scales, weights, g_ws, u_ws, g_b, u_b, quant: bool,
+                 has_bias: bool, doweight: bool, count: int):  # fmt: skip
+    """The lane's fp32 stage-1 outputs of one MMA tile from its gate and up accumulators:
+    g * x_scale * w_scale (fp8), + bias, the activation, * weight."""
+    if const_expr(quant):
+        g = g * x_scales * g_ws
+        u = u * x_scales * u_ws
+    if const_expr(has_bias):
+        g = g + g_b
+        u = u + u_b
+    values = []
+    for e in range_constexpr(count):
+        y = _activate(activation, g[e], u[e])
+        if const_expr(doweight):
+            y = y * weights[e]
+        values.append(y)
+    return fx.Vector.from_elements(values, fx.Float32)
+
+
+def _stage2_tile(acc, x_scales, weights, w_scale, bias, quant: bool, has_bias: bool,
+                 apply_weight: bool):  # fmt: skip
+    """acc * x_scale * w_scale (fp8), + bias, * weight: the lane's fp32 values of one tile."""
+    y = acc
+    if const_expr(quant):
+        y = y * x_scales * w_scale
+    if const_expr(has_bias):
+        y = y + bias
+    if const_expr(apply_weight):
+        y = y * weights
+    return y
 
 
 @flyc.kernel
@@ -304,81 +300,118 @@ def moe_stage1_kernel(
     mma: fx.Constexpr[str],
 ):
     """Block (x, y, z) computes tile_n columns of gate and up for the tile_m rows of sorted block
-    y over split z's k-blocks; ksplit == 1 finishes out1, else `out` is the fp32 workspace."""
+    y over split z's k-blocks, through the shared main loop: A = the block's tokens' rows of x
+    (gathered), B = the expert's gate rows and up rows of the block's columns (each wave its
+    own), 2 * reps_n B repeats per wave. ksplit == 1 finishes out1 (16 rows per wave staged
+    through LDS, 16-byte stores), else `out` is the fp32 workspace the splits add into."""
     split = fx.block_idx.z
-    tile = Tile(mma, tile_m, tile_n, m, inter)
     block = fx.block_idx.y
-    psid = fx.get_iter(sorted_ids)
-    num_valid_rows = _scalar(fx.get_iter(num_valid_ids), 0, fx.Int32)
-    expert = _scalar(fx.get_iter(sorted_expert_ids), block, fx.Int32)
+    out_bytes = mainloop.element_bytes(out.dtype)
+    lds = mainloop.allocate_lds(
+        fx.SharedAllocator(), tile_m, tile_n, tile_k, a.dtype, out_bytes, mma
+    )
+    num_valid_rows = _uniform(_scalar(fx.get_iter(num_valid_ids), 0, fx.Int32))
+    expert = _uniform(_scalar(fx.get_iter(sorted_expert_ids), block, fx.Int32))
     if block_active(block, tile_m, num_valid_rows) & expert_valid(expert, num_experts):
-        in_dtype = a.dtype
-        k64 = fx.Int64(model_dim)
-        pa = fx.get_iter(a)
-        pb = fx.get_iter(w1)
-        a_rows, b_rows = _stage1_operand_rows(tile, psid, expert, m, inter, gate_mode)
-        k_block = _k_block(quant)
-        blocks_per_iter = tile_k // k_block
-        kb_begin, kb_end = k_split_range(split, model_dim // k_block, ksplit)
-        iters, tail_begin = k_loop_counts(kb_begin, kb_end, blocks_per_iter)
-        accs = zero_accs(tile.reps_m * 2 * tile.reps_n, tile.rows_per_lane, fx.Float32)
-        for it in range(fx.Int32(0), iters, fx.Int32(1)):
-            accs = _k_step(
-                quant, mma, in_dtype, pa, pb, a_rows, b_rows, k64,
-                kb_begin + it * blocks_per_iter, blocks_per_iter, tile.lane, accs,
-            )  # fmt: skip
-        if const_expr(blocks_per_iter > 1):
-            for kb in range(tail_begin, kb_end, fx.Int32(1)):
-                accs = _k_step(
-                    quant, mma, in_dtype, pa, pb, a_rows, b_rows, k64, kb, 1, tile.lane, accs
-                )
-
-        pout = fx.get_iter(out)
-        psw = fx.get_iter(sorted_weights)
-        pas = fx.get_iter(a_scale)
-        inter64 = fx.Int64(inter)
-        two_inter64 = inter64 * 2
-        columns = _stage1_column_info(
-            tile, expert, inter, gate_mode, fx.get_iter(w1_scale), fx.get_iter(bias1), quant,
-            has_bias and ksplit == 1,
+        eb = mainloop.element_bytes(a.dtype)
+        two_inter = inter * 2
+        origin_m = block * tile_m
+        sid = _block_ids(sorted_ids, origin_m)
+        a_rows, a_chunk = _stage1_a_hooks(sid, tile_m, m, model_dim)
+        w_buf = mainloop.buffer_rows(
+            fx.get_iter(w1), expert * two_inter, two_inter, model_dim, eb, mx.OFFSET_LIMIT
+        )
+        p = mainloop.Pipeline(
+            mma, tile_m, tile_n, tile_k, a, w1, m, inter, model_dim, lds, b_shuffled=quant,
+            a_rows=a_rows, a_chunk=a_chunk,
+            a_buffer=mainloop.buffer_rows(fx.get_iter(a), 0, m, model_dim, eb, MAX_TOKENS), b_buffer=w_buf,
+            b_rows_left=inter - fx.block_idx.x * tile_n,
         )  # fmt: skip
-        for i in range_constexpr(tile.reps_m):
-            for e in range_constexpr(tile.rows_per_lane):
-                row, _ = coord(tile, i, 0, e)
-                token, slot, valid = _entry(psid, row, m, topk)
-                routed = fx.Int64(routed_row(token, slot, topk))
-                if const_expr(quant):
-                    x_scale = _scalar(pas, a1_row(token, m, _select), fx.Float32)
-                if const_expr(doweight and ksplit == 1):
-                    weight = _scalar(psw, row, fx.Float32)
-                for j in range_constexpr(tile.reps_n):
-                    col, g_wscale, u_wscale, g_bias, u_bias = columns[j]
-                    g = accs[stage1_acc_index(i, j, tile.reps_n, 0)][e]
-                    u = accs[stage1_acc_index(i, j, tile.reps_n, 1)][e]
+        b_rows = _stage1_b_rows(p, inter, gate_mode)
+        reps_b = 2 * p.reps_n
+        kb_begin, kb_end = k_split_range(split, model_dim // _k_block(quant), ksplit)
+        tiles = mx.k_tiles(kb_begin, kb_end, p.blocks)
+
+        accs = mainloop.zero_accs(p, count=p.reps_m * reps_b)
+        a_copy = mainloop.load_a_k_tile(p, kb_begin, kb_end)
+        b_next = mainloop.load_b_rows(p, b_rows, kb_begin, kb_end)
+        # Runtime loop; accs, a_copy and b_next are reassigned, so they are carried.
+        for t in range(fx.Int32(1), tiles, fx.Int32(1), unroll=1):
+            b_cur = b_next
+            fx.barrier()
+            mainloop.store_a(p, a_copy)
+            fx.barrier()
+            a_copy = mainloop.load_a_k_tile(p, kb_begin + t * p.blocks, kb_end)
+            b_next = mainloop.load_b_rows(p, b_rows, kb_begin + t * p.blocks, kb_end)
+            rocdl.sched_barrier(0)  # keep the next k-tile's loads ahead of this one's MMAs
+            accs = mainloop.mma_k_tile_wide(p, b_cur, accs, reps_b)
+        # The last k-tile (zeros when the split owns no k-block).
+        fx.barrier()
+        mainloop.store_a(p, a_copy)
+        fx.barrier()
+        accs = mainloop.mma_k_tile_wide(p, b_next, accs, reps_b)
+
+        # Per lane column j: gate and up rows of the expert (w1_scale, bias1 are indexed alike).
+        col_rows = [(expert * two_inter + row, valid) for row, valid in b_rows]
+        w_scales = _column_values(fx.get_iter(w1_scale), col_rows, quant)
+        biases = _column_values(fx.get_iter(bias1), col_rows, has_bias and ksplit == 1)
+        scale_buf = fx.get_iter(a_scale)
+        weight_buf = fx.get_iter(sorted_weights) + fx.Int64(origin_m)
+        pout = fx.get_iter(out)
+        if const_expr(ksplit == 1):
+            # 16 rows per wave through its LDS staging area (reusing the A stage), stored as
+            # 16-byte runs of out1's routed rows (inter is a multiple of a run).
+            out_lds = fx.recast_iter(out.dtype, lds)
+            fx.barrier()  # every wave is done reading the A stage the staging areas reuse
+            for i in range_constexpr(p.reps_m):
+                _, x_scales, weights = _row_values(
+                    p, sid, i, tile_m, m, topk, scale_buf, weight_buf,
+                    False, quant, doweight,
+                )  # fmt: skip
+                row_tiles = []
+                for j in range_constexpr(p.reps_n):
+                    g = accs[stage1_acc_index(i, j, p.reps_n, 0)]
+                    u = accs[stage1_acc_index(i, j, p.reps_n, 1)]
+                    row_tiles.append(_stage1_tile(
+                        activation, g, u, x_scales, weights, w_scales[j],
+                        w_scales[p.reps_n + j], biases[j], biases[p.reps_n + j], quant,
+                        has_bias, doweight, mx.acc_rows_per_lane(mma),
+                    ))  # fmt: skip
+                mainloop.stage_out_rows(p, row_tiles, out_lds, out.dtype)
+                for values, row16, col, real in mainloop.staged_runs(p, out_lds, out.dtype):
+                    token, slot, valid = _entry(sid, i * mx.MMA_MN + row16, tile_m, m, topk)
+                    gcol = p.origin_n + col
+                    off = matrix_offset(
+                        fx.Int64(routed_row(token, slot, topk)), fx.Int64(gcol), fx.Int64(inter)
+                    )
+                    if real & valid & (gcol < inter):
+                        fx.ptr_store(values, pout + off)
+        else:
+            # Split partials: fp32 atomic adds of the scaled gate and up partials, per element.
+            for i in range_constexpr(p.reps_m):
+                entries, x_scales, _ = _row_values(
+                    p, sid, i, tile_m, m, topk, scale_buf, weight_buf,
+                    False, quant, False,
+                )  # fmt: skip
+                for j in range_constexpr(p.reps_n):
+                    g = accs[stage1_acc_index(i, j, p.reps_n, 0)]
+                    u = accs[stage1_acc_index(i, j, p.reps_n, 1)]
                     if const_expr(quant):
-                        g = g * x_scale * g_wscale
-                        u = u * x_scale * u_wscale
-                    if const_expr(ksplit == 1):
-                        if const_expr(has_bias):
-                            g = g + g_bias
-                            u = u + u_bias
-                        y = _activate(activation, g, u)
-                        if const_expr(doweight):
-                            y = y * weight
-                        y_out = y.to(out.dtype)
-                        off = matrix_offset(routed, fx.Int64(col), inter64)
-                        if valid & (col < inter):
-                            fx.ptr_store(y_out, pout + off)
-                    else:
+                        g = g * x_scales * w_scales[j]
+                        u = u * x_scales * w_scales[p.reps_n + j]
+                    gcol = p.origin_n + mainloop.lane_col(p, j)
+                    for e in range_constexpr(mx.acc_rows_per_lane(mma)):
+                        token, slot, valid = entries[e]
+                        routed = fx.Int64(routed_row(token, slot, topk))
                         g_off = matrix_offset(
-                            routed, fx.Int64(stage1_ws_gate_col(col)), two_inter64
+                            routed, fx.Int64(stage1_ws_gate_col(gcol)), fx.Int64(two_inter)
                         )
                         u_off = matrix_offset(
-                            routed, fx.Int64(stage1_ws_up_col(col, inter)), two_inter64
+                            routed, fx.Int64(stage1_ws_up_col(gcol, inter)), fx.Int64(two_inter)
                         )
-                        if valid & (col < inter):
-                            fx.atomic_add(pout + g_off, g, syncscope=rocdl.SyncScope.Agent)
-                            fx.atomic_add(pout + u_off, u, syncscope=rocdl.SyncScope.Agent)
+                        if valid & (gcol < inter):
+                            fx.atomic_add(pout + g_off, g[e], syncscope=rocdl.SyncScope.Agent)
+                            fx.atomic_add(pout + u_off, u[e], syncscope=rocdl.SyncScope.Agent)
 
 
 @flyc.jit
@@ -418,7 +451,7 @@ def moe_stage1(
         activation, gate_mode, has_bias, doweight, quant, mma,
     ).launch(
         grid=stage1_grid(inter, num_blocks, tile_n, ksplit),
-        block=(WAVES_PER_BLOCK * WAVE_SIZE[mma], 1, 1),
+        block=(mx.threads(mma), 1, 1),
         stream=stream,
     )  # fmt: skip
 
@@ -447,7 +480,7 @@ def moe_stage1_activation_kernel(
     idx, row, col = elementwise_index(fx.block_idx.x, fx.thread_idx.x, inter)
     num_valid_rows = _scalar(fx.get_iter(num_valid_ids), 0, fx.Int32)
     if (idx < num_rows * inter) & (row < num_valid_rows):
-        token, slot, valid = _entry(fx.get_iter(sorted_ids), row, m, topk)
+        token, slot, valid = _sorted_entry(fx.get_iter(sorted_ids), row, m, topk)
         expert = _scalar(fx.get_iter(sorted_expert_ids), row_block(row, tile_m), fx.Int32)
         if valid & expert_valid(expert, num_experts):
             routed = fx.Int64(routed_row(token, slot, topk))
@@ -540,76 +573,104 @@ def moe_stage2_kernel(
     mma: fx.Constexpr[str],
     k_tail: fx.Constexpr[bool],
 ):
-    """Block (x, y) computes tile_n columns of model_dim for the rows of sorted block y and adds
-    them into out[token] ("atomic") or stores them to the fp32 workspace row ("reduce"); with
-    k_tail, inter ends inside its last k-block, which a predicated step adds."""
-    tile = Tile(mma, tile_m, tile_n, m, model_dim)
+    """Block (x, y) computes tile_n columns of model_dim for the rows of sorted block y through
+    the shared main loop (A = the routed rows of a2, gathered; B = the expert's w2 rows of the
+    block's columns) and adds them into out[token] ("atomic", per element) or stores them to the
+    fp32 workspace row ("reduce", 16 rows per wave staged through LDS, 16-byte stores); with
+    k_tail, inter ends inside its last k-block and the chunks past it load zeros."""
     block = fx.block_idx.y
-    psid = fx.get_iter(sorted_ids)
-    num_valid_rows = _scalar(fx.get_iter(num_valid_ids), 0, fx.Int32)
-    expert = _scalar(fx.get_iter(sorted_expert_ids), block, fx.Int32)
+    out_bytes = mainloop.element_bytes(out.dtype)
+    lds = mainloop.allocate_lds(
+        fx.SharedAllocator(), tile_m, tile_n, tile_k, a2.dtype, out_bytes, mma
+    )
+    num_valid_rows = _uniform(_scalar(fx.get_iter(num_valid_ids), 0, fx.Int32))
+    expert = _uniform(_scalar(fx.get_iter(sorted_expert_ids), block, fx.Int32))
     if block_active(block, tile_m, num_valid_rows) & expert_valid(expert, num_experts):
-        in_dtype = a2.dtype
-        k64 = fx.Int64(inter)
-        pa = fx.get_iter(a2)
-        pb = fx.get_iter(w2)
-        a_rows, b_rows = _stage2_operand_rows(tile, psid, expert, m, topk, model_dim)
-        k_block = _k_block(quant)
-        blocks_per_iter = tile_k // k_block
-        num_kb = full_k_blocks(inter, k_block)
-        iters, tail_begin = k_loop_counts(0, num_kb, blocks_per_iter)
-        accs = zero_accs(tile.reps_m * tile.reps_n, tile.rows_per_lane, fx.Float32)
-        for it in range(fx.Int32(0), iters, fx.Int32(1)):
-            accs = _k_step(
-                quant, mma, in_dtype, pa, pb, a_rows, b_rows, k64,
-                it * blocks_per_iter, blocks_per_iter, tile.lane, accs,
-            )  # fmt: skip
-        if const_expr(blocks_per_iter > 1):
-            for kb in range(tail_begin, num_kb, fx.Int32(1)):
-                accs = _k_step(
-                    quant, mma, in_dtype, pa, pb, a_rows, b_rows, k64, kb, 1, tile.lane, accs
-                )
-        if const_expr(k_tail):
-            accs = _k_tail_step(
-                quant, mma, in_dtype, pa, pb, a_rows, b_rows, k64, num_kb, tile.lane, accs
-            )
-
-        pout = fx.get_iter(out)
-        psw = fx.get_iter(sorted_weights)
-        pas = fx.get_iter(a2_scale)
-        dim64 = fx.Int64(model_dim)
-        columns = _stage2_column_info(
-            tile, expert, model_dim, fx.get_iter(w2_scale), fx.get_iter(bias2), quant, has_bias
+        eb = mainloop.element_bytes(a2.dtype)
+        origin_m = block * tile_m
+        origin_n = fx.block_idx.x * tile_n
+        rows_left = model_dim - origin_n
+        sid = _block_ids(sorted_ids, origin_m)
+        a_rows, a_chunk = _stage2_a_hooks(sid, tile_m, m, topk, inter)
+        w_buf = mainloop.buffer_rows(
+            fx.get_iter(w2), expert * model_dim + origin_n, rows_left, inter, eb, tile_n
         )
-        for i in range_constexpr(tile.reps_m):
-            for e in range_constexpr(tile.rows_per_lane):
-                row, _ = coord(tile, i, 0, e)
-                token, slot, valid = _entry(psid, row, m, topk)
-                if const_expr(mode == "atomic"):
-                    dst_row = fx.Int64(token)
-                else:
-                    dst_row = fx.Int64(routed_row(token, slot, topk))
-                if const_expr(quant):
-                    x_scale = _scalar(pas, a2_row(token, slot, m, topk, _select), fx.Float32)
-                if const_expr(apply_weight):
-                    weight = _scalar(psw, row, fx.Float32)
-                for j in range_constexpr(tile.reps_n):
-                    col, w_scale, bias = columns[j]
-                    y = accs[i * tile.reps_n + j][e]
-                    if const_expr(quant):
-                        y = y * x_scale * w_scale
-                    if const_expr(has_bias):
-                        y = y + bias
-                    if const_expr(apply_weight):
-                        y = y * weight
-                    off = matrix_offset(dst_row, fx.Int64(col), dim64)
-                    if const_expr(mode == "atomic"):
-                        y_out = y.to(out.dtype)
-                        if valid & (col < model_dim):
-                            fx.atomic_add(pout + off, y_out, syncscope=rocdl.SyncScope.Agent)
-                    else:
-                        if valid & (col < model_dim):
-                            fx.ptr_store(y, pout + off)
+        p = mainloop.Pipeline(
+            mma, tile_m, tile_n, tile_k, a2, w2, m * topk, model_dim, inter, lds,
+            b_shuffled=quant, k_tail=k_tail, a_rows=a_rows, a_chunk=a_chunk,
+            a_buffer=mainloop.buffer_rows(
+                fx.get_iter(a2), 0, m * topk, inter, eb, MAX_TOKENS * MAX_TOPK
+            ),
+            b_buffer=w_buf, b_rows_left=rows_left,
+        )  # fmt: skip
+        kb_end = stage_k_blocks(inter, _k_block(quant))
+        tiles = mx.k_tiles(0, kb_end, p.blocks)
+
+        accs = mainloop.zero_accs(p)
+        a_copy, b_next = mainloop.load_k_tile(p, 0, kb_end)
+        # Runtime loop; accs, a_copy and b_next are reassigned, so they are carried.
+        for t in range(fx.Int32(1), tiles, fx.Int32(1), unroll=1):
+            b_cur = b_next
+            fx.barrier()
+            mainloop.store_a(p, a_copy)
+            fx.barrier()
+            a_copy, b_next = mainloop.load_k_tile(p, t * p.blocks, kb_end)
+            rocdl.sched_barrier(0)  # keep the next k-tile's loads ahead of this one's MMAs
+            accs = mainloop.mma_k_tile(p, b_cur, accs)
+        fx.barrier()
+        mainloop.store_a(p, a_copy)
+        fx.barrier()
+        accs = mainloop.mma_k_tile(p, b_next, accs)
+
+        col_rows = []
+        for j in range_constexpr(p.reps_n):
+            col = mainloop.lane_col(p, j)
+            col_rows.append((col, col < rows_left))
+        col0 = fx.Int64(expert * model_dim + origin_n)
+        w_scales = _column_values(fx.get_iter(w2_scale) + col0, col_rows, quant)
+        biases = _column_values(fx.get_iter(bias2) + col0, col_rows, has_bias)
+        scale_buf = fx.get_iter(a2_scale)
+        weight_buf = fx.get_iter(sorted_weights) + fx.Int64(origin_m)
+        pout = fx.get_iter(out)
+        dim64 = fx.Int64(model_dim)
+        if const_expr(mode == "atomic"):
+            # Each routed row cast to out's dtype and added per element (a block holds each
+            # token once, so its adds never collide with each other).
+            for i in range_constexpr(p.reps_m):
+                entries, x_scales, weights = _row_values(
+                    p, sid, i, tile_m, m, topk, scale_buf, weight_buf, True, quant, apply_weight
+                )
+                for j in range_constexpr(p.reps_n):
+                    y = _stage2_tile(accs[i * p.reps_n + j], x_scales, weights, w_scales[j],
+                                     biases[j], quant, has_bias, apply_weight)  # fmt: skip
+                    y_out = y.to(out.dtype)
+                    gcol = origin_n + mainloop.lane_col(p, j)
+                    for e in range_constexpr(mx.acc_rows_per_lane(mma)):
+                        token, _, valid = entries[e]
+                        off = matrix_offset(fx.Int64(token), fx.Int64(gcol), dim64)
+                        if valid & (gcol < model_dim):
+                            fx.atomic_add(pout + off, y_out[e], syncscope=rocdl.SyncScope.Agent)
+        else:
+            out_lds = fx.recast_iter(out.dtype, lds)
+            fx.barrier()  # every wave is done reading the A stage the staging areas reuse
+            for i in range_constexpr(p.reps_m):
+                _, x_scales, weights = _row_values(
+                    p, sid, i, tile_m, m, topk, scale_buf, weight_buf, True, quant, apply_weight
+                )
+                row_tiles = [
+                    _stage2_tile(accs[i * p.reps_n + j], x_scales, weights, w_scales[j],
+                                 biases[j], quant, has_bias, apply_weight)
+                    for j in range_constexpr(p.reps_n)
+                ]  # fmt: skip
+                mainloop.stage_out_rows(p, row_tiles, out_lds, out.dtype)
+                for values, row16, col, real in mainloop.staged_runs(p, out_lds, out.dtype):
+                    token, slot, valid = _entry(sid, i * mx.MMA_MN + row16, tile_m, m, topk)
+                    gcol = origin_n + col
+                    off = matrix_offset(
+                        fx.Int64(routed_row(token, slot, topk)), fx.Int64(gcol), dim64
+                    )
+                    if real & valid & (gcol < model_dim):
+                        fx.ptr_store(values, pout + off)
 
 
 @flyc.jit
@@ -648,7 +709,7 @@ def moe_stage2(
         has_bias, apply_weight, quant, mma, k_tail,
     ).launch(
         grid=stage2_grid(model_dim, num_blocks, tile_n),
-        block=(WAVES_PER_BLOCK * WAVE_SIZE[mma], 1, 1),
+        block=(mx.threads(mma), 1, 1),
         stream=stream,
     )  # fmt: skip
 
@@ -705,6 +766,15 @@ def _check_inter(name: str, what: str, value: int, dtype: torch.dtype) -> None:
         raise ValueError(
             f"{name}: {what} must be a positive multiple of {multiple} for {dtype} inputs, "
             f"got {value}"
+        )
+
+
+def _check_offsets(name: str, nbytes: int, what: str = "") -> None:
+    """The kernels address a tensor (or one expert's weight slab) with 32-bit byte offsets."""
+    if nbytes >= mx.OFFSET_LIMIT:
+        raise ValueError(
+            f"{name}: {what}{nbytes} bytes is too large for the kernels' 32-bit buffer offsets "
+            f"(limit {mx.OFFSET_LIMIT})"
         )
 
 
@@ -787,21 +857,27 @@ def launch_moe_stage1(
     FakeTensors compile without running under COMPILE_ONLY=1):
 
     - a [M, model_dim] and w1 [E, 2 * inter, model_dim], one dtype: bfloat16/float16 (fp32
-      accumulation, v_mfma_f32_16x16x16 / v_wmma_f32_16x16x32, k-blocks of 32), or fp8
+      accumulation, v_mfma_f32_16x16x16 on gfx942, v_mfma_f32_16x16x32 on gfx950,
+      v_wmma_f32_16x16x32 on gfx1250, k-blocks of 32), or fp8
       (float8_e4m3fnuz on gfx942, float8_e4m3fn on gfx950/gfx1250; v_mfma_f32_16x16x32_fp8_fp8
       / v_wmma_f32_16x16x64_fp8_fp8, k-blocks of 64) with every expert's [2 * inter, model_dim]
       slab preshuffled by gemm_shuffle_weight(w1[e], (16, 16)), a_scale float32 [M, 1]
       (per token) and w1_scale float32 [E, 2 * inter, 1] (per w1 row). bf16/fp16 take no scales.
-      model_dim is a positive multiple of 64; inter of 8 (bf16/fp16) or 16 (fp8): column tiles
-      past inter load clamped rows and store nothing. 1 <= M < 2**24; 1 <= topk <= 127.
+      model_dim is a positive multiple of 64; inter of 8 (bf16/fp16) or 16 (fp8): columns of a
+      tile past inter load zeros and store nothing. 1 <= M < 2**24; 1 <= topk <= 127. The
+      kernel addresses a and one expert's w1 slab with 32-bit byte offsets:
+      M * model_dim * elem_bytes and 2 * inter * model_dim * elem_bytes < 2**31 - 16.
     - Routing (moe_sorting): sorted_ids int32 [P], entry (slot << 24) | token, padding
       (topk << 24) | M; sorted_weights float32 [P]; sorted_expert_ids int32 [num_blocks], the
       LOCAL expert (index into w1) of sorted block b (rows b * tile_m ... + tile_m - 1);
       num_valid_ids int32 [2], [0] = sorted rows in use (a multiple of tile_m), [1] = valid
       tokens (unused here). tile.tile_m MUST equal the sorting block size. A block at or past
       num_valid_ids[0], or whose expert is outside [0, E), does nothing; rows whose entry has
-      token >= M or slot >= topk are padding: their loads are clamped, nothing is stored.
+      token >= M or slot >= topk are padding: they load zeros and store nothing.
       P * inter + 255 < 2**31.
+    - The GEMM: the shared main loop (aiter/ops/shared/mainloop.py); A's tile_m rows (the
+      block's tokens' rows of a) go through LDS, each wave streams the gate and the up rows of
+      its tile_n / 4 columns; ksplit == 1 stores out1 in 16-byte runs staged through LDS.
     - gate_mode "separated": gate of column n is w1 row n, up is row inter + n; "interleave":
       rows 2n and 2n + 1. bias1 float32 [E, 2 * inter] (indexed like the w1 rows) or None,
       added to g and u (after the fp8 scales) before the activation.
@@ -854,6 +930,8 @@ def launch_moe_stage1(
     rows, blocks = _check_routing(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids)
     if rows * inter + ELEMENTWISE_BLOCK > 2**31:
         raise ValueError(f"sorted_ids: P * inter = {rows * inter} is too large for int32 indices")
+    _check_offsets("a", m * model_dim * a.element_size())
+    _check_offsets("w1", two_inter * model_dim * w1.element_size(), "one expert's slab of ")
     out_dtypes = OUT_DTYPES if quant else (a.dtype,)
     check_tensor("out", out, out_dtypes, (m * topk, inter))
     _check_scales(
@@ -939,9 +1017,13 @@ def launch_moe_stage2(
       by gemm_shuffle_weight(w2[e], (16, 16)), a2_scale float32 [M * topk, 1] and
       w2_scale float32 [E, model_dim, 1]; bf16/fp16 take no scales. fp32 accumulation; the
       scales multiply the accumulator in the epilogue. model_dim is a positive multiple of 64,
-      inter of 8 (bf16/fp16) or 16 (fp8): when inter ends inside a k-block, that k-block is
-      added in 16-byte chunks per lane, those past inter zeroed (loaded from column 0, in
-      bounds). M = out.shape[0] in [1, 2**24); 1 <= topk <= 127.
+      inter of 8 (bf16/fp16) or 16 (fp8): when inter ends inside a k-block, its 16-byte
+      chunks past inter load zeros (buffer range check). M = out.shape[0] in [1, 2**24);
+      1 <= topk <= 127. 32-bit byte offsets: M * topk * inter * elem_bytes and
+      model_dim * inter * elem_bytes < 2**31 - 16.
+    - The GEMM: the shared main loop; A's rows (the routed rows of a2) go through LDS, each
+      wave streams the w2 rows of its tile_n / 4 columns; "reduce" stores 16-byte fp32 runs
+      staged through LDS, "atomic" adds per element from the accumulators.
     - Routing as for launch_moe_stage1 (tile.tile_m MUST equal the sorting block size; inactive
       blocks, blocks of experts outside [0, E) and padding rows store nothing).
     - bias2 float32 [E, model_dim] or None, added after the scales and before the weight.
@@ -957,7 +1039,7 @@ def launch_moe_stage2(
 
     Kernels (jit names): moe_stage2 (Constexpr tile_m, tile_n, tile_k, mode, has_bias,
     apply_weight, quant, mma, k_tail = inter % K_BLOCK != 0, so aligned shapes compile without
-    the tail step; topk and the sizes are runtime int32) and, for "reduce",
+    the K checks; topk and the sizes are runtime int32) and, for "reduce",
     moe_topk_reduce (Constexpr topk: its sum is unrolled).
     """
     check_mma(mma, MMA_FLAVOURS)
@@ -982,6 +1064,8 @@ def launch_moe_stage2(
     check_tensor("out", out, OUT_DTYPES, (m, model_dim))
     if m * model_dim + ELEMENTWISE_BLOCK > 2**31:
         raise ValueError(f"out: M * model_dim = {m * model_dim} is too large for int32 indices")
+    _check_offsets("a2", routed * inter * a2.element_size())
+    _check_offsets("w2", model_dim * inter * w2.element_size(), "one expert's slab of ")
     _, blocks = _check_routing(sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids)
     _check_scales(
         quant,

@@ -6,8 +6,8 @@ gate and up projections, where stage outputs and workspaces live, and the launch
 # The index functions use only + - * // % & | << >> and comparisons, so the same code runs on
 # Python ints (CPU tests), on torch integer tensors (vectorised emulation) and on FlyDSL
 # Int32/Int64 values (inside the kernels). Operands are never negative, so floor and truncating
-# division agree. A clamp takes the caller's `select(cond, a, b)` (`cond.select(a, b)` in a
-# kernel, torch.where in a test). `gate_mode` is a compile-time string everywhere.
+# division agree. Nothing is clamped: the kernels load a row that does not exist as zeros
+# (buffer loads out of range). `gate_mode` is a compile-time string everywhere.
 #
 # The activation formulas take their transcendental and min/max operations as arguments, so
 # the kernels, torch and plain Python floats all evaluate the same expression.
@@ -15,7 +15,7 @@ gate and up projections, where stage outputs and workspaces live, and the launch
 import math
 
 from aiter.ops.moe.kernels.sorting_index import TOKEN_BITS, TOKEN_MASK
-from aiter.ops.shared.gemm_index import split_k_range
+from aiter.ops.shared.mainloop_index import split_k_range
 
 # --- the routing format --------------------------------------------------------------------
 
@@ -32,9 +32,10 @@ ELEMENTWISE_BLOCK = 256
 # model_dim is stage 1's K and stage 2's N: a multiple of the fp8 k-block, so stage 1 has no K
 # tail. Every MoE model's hidden size is one (gpt-oss 2880 = 45 * 64, DeepSeek-V3 7168).
 MODEL_DIM_MULTIPLE = 64
-# inter_dim is stage 1's N (columns past it are clamped on load, predicated on store) and stage
-# 2's K, whose last k-block may end early: it is read in chunks of TAIL_CHUNK_BYTES, each wholly
-# inside or past inter_dim, so inter_dim * element size must be a multiple of it. fp8 also needs
+# inter_dim is stage 1's N (columns past it load zeros and store nothing) and stage 2's K, whose
+# last k-block may end early: it is read in 16-byte chunks (TAIL_CHUNK_BYTES), each wholly
+# inside or past inter_dim, so inter_dim * element size must be a multiple of it; so is every
+# 16-byte store run of out1. fp8 also needs
 # it for the (16, 16) preshuffle of w2, whose K is inter_dim.
 TAIL_CHUNK_BYTES = 16
 INTER_DIM_MULTIPLE = {2: 8, 1: 16}  # by element bytes: bf16/fp16, fp8
@@ -85,20 +86,6 @@ def routed_row(token, slot, topk):
     return token * topk + slot
 
 
-def a1_row(token, m, select):
-    """Hidden-state row stage 1 loads for a sorted entry: the token, or M - 1 for padding (the
-    store predicate drops padding rows; the clamp only keeps the load in bounds).
-
-    select(cond, a, b) is the caller's a-if-cond-else-b (`cond.select(a, b)` in a kernel).
-    """
-    return select(token < m, token, m - 1)
-
-
-def a2_row(token, slot, m, topk, select):
-    """a2 row stage 2 loads for a sorted entry: its routed row, or row 0 for padding."""
-    return select(entry_valid(token, slot, m, topk), routed_row(token, slot, topk), 0)
-
-
 # --- weights ---------------------------------------------------------------------------------
 
 
@@ -142,11 +129,6 @@ def tile_origin(bid_block, bid_n, tile_m: int, tile_n: int):
     return bid_block * tile_m, bid_n * tile_n
 
 
-def clamp_col(col, n, select):
-    """A column past the end replaced by n - 1 (loads only; stores are predicated)."""
-    return select(col < n, col, n - 1)
-
-
 def stage1_acc_index(rep_m: int, rep_n: int, reps_n: int, half: int) -> int:
     """Accumulator of stage-1 MMA tile (rep_m, rep_n): half 0 gate, half 1 up.
 
@@ -165,36 +147,15 @@ def k_split_range(split, num_k_blocks, ksplit: int):
 
 
 def has_k_tail(k: int, k_block: int) -> bool:
-    """Whether K ends inside a k-block: the kernel then runs one predicated k-block after the
-    full ones (a compile-time choice, so aligned shapes compile without it)."""
+    """Whether K ends inside a k-block: the kernel then checks every K chunk against K (a
+    compile-time choice, so aligned shapes compile without the checks); a chunk past K loads
+    zeros. The rule on inter_dim makes every 16-byte chunk wholly inside K or wholly past it."""
     return k % k_block != 0
 
 
-def full_k_blocks(k, k_block: int):
-    """k-blocks wholly inside K; the tail k-block, when there is one, has this index."""
-    return k // k_block
-
-
-def tail_chunk(run: int, element_bytes: int) -> int:
-    """Elements per predicated load of a lane's K run in the tail k-block (the whole run when it
-    is shorter than TAIL_CHUNK_BYTES)."""
-    return min(run, TAIL_CHUNK_BYTES // element_bytes)
-
-
-def tail_chunk_k(kb, k_block: int, lane_offset, chunk: int, c: int):
-    """First K index of chunk c of a lane's run in k-block kb (lane_offset: the run's start
-    inside the k-block, gemm_index.lane_k_offset)."""
-    return kb * k_block + lane_offset + c * chunk
-
-
-def chunk_inside(kk, k):
-    """Whether the chunk starting at K index kk holds data (the rule makes it wholly inside)."""
-    return kk < k
-
-
-def chunk_source(kk, k, select):
-    """K index a chunk loads from: its own, or 0 past K (in bounds; the value is zeroed)."""
-    return select(chunk_inside(kk, k), kk, 0)
+def stage_k_blocks(k, k_block: int):
+    """k-blocks the main loop walks over K: the full ones, then the one K ends inside."""
+    return (k + k_block - 1) // k_block
 
 
 # --- outputs and workspaces ----------------------------------------------------------------
