@@ -263,17 +263,19 @@ def test_m_inside_a_bucket_uses_the_bucket_row(run) -> None:
 
 
 def test_split_k_changes_inside_one_bucket_through_the_entry(run) -> None:
-    ref = default_row_ref("gfx942,304,512,768,4096,0,")
+    # Row M=1024 (256x64x64), 12 N tiles: 3 M tiles up to M=768 (36 blocks: 8 splits), 4 from
+    # 769 (48 blocks: 8 x 48 = 384 > 304, so 4).
+    ref = default_row_ref("gfx942,304,1024,768,4096,0,")
     seen = {}
-    for m in (257, 384, 385, 512):
+    for m in (513, 768, 769, 1024):
         _, (record,), requests = run(m, 768, 4096)
         assert (record.kernel, record.source, record.row) == (
-            "flydsl_a16w16_mfma_128x64x64",
+            "flydsl_a16w16_mfma_256x64x64",
             "table",
             ref,
         )
         seen[m] = (record.params["split_k"], params(requests[0])["split_k"])
-    assert seen == {257: (8, "8"), 384: (8, "8"), 385: (4, "4"), 512: (4, "4")}
+    assert seen == {513: (8, "8"), 768: (8, "8"), 769: (4, "4"), 1024: (4, "4")}
 
 
 def test_untuned_shape_uses_the_heuristic(run) -> None:

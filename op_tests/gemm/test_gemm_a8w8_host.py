@@ -319,10 +319,10 @@ def _check_split_k_buffers(m, n, record, request, launch) -> None:
         (1, 1, (16, 64, 128), 8),
         # M=20 is in the bucket [17, 32] of row M=32 (32x64x128): 20 blocks -> 8.
         (20, 32, (32, 64, 128), 8),
-        # Row M=256 (128x64x128): 2 x 20 = 40 blocks: 80, 160 <= 304, 320 > 304 -> 4.
-        (200, 256, (128, 64, 128), 4),
-        # Row M=4096 (128x128x128): 32 x 10 = 320 blocks >= 304 -> 1.
-        (4000, 4096, (128, 128, 128), 1),
+        # Row M=256 (256x64x128): 1 x 20 = 20 blocks: 40, 80, 160 <= 304, 64 k-tiles -> 8.
+        (200, 256, (256, 64, 128), 8),
+        # Row M=4096 (256x64x128): 16 x 20 = 320 blocks >= 304 -> 1.
+        (4000, 4096, (256, 64, 128), 1),
     ],
 )
 def test_bpreshuffle_table_shape(run, m, row_m, tile, split_k, out_dtype) -> None:
@@ -359,14 +359,16 @@ def test_bpreshuffle_table_shape(run, m, row_m, tile, split_k, out_dtype) -> Non
 
 
 def test_split_k_changes_inside_one_bucket_through_the_entry(run) -> None:
-    ref = bp_row(512, 1280, 8192)
+    # Row M=1024 (256x64x128), 20 N tiles: 3 M tiles up to M=768 (60 blocks: 4 splits), 4 from
+    # 769 (80 blocks: 2).
+    ref = bp_row(1024, 1280, 8192)
     seen = {}
-    for m in (257, 384, 385, 512):
+    for m in (513, 768, 769, 1024):
         _, (record,), (request,), (launch,) = bpreshuffle(run, m, 1280, 8192)
-        assert (record.kernel, record.source, record.row) == (f"{BP}_mfma_128x64x128", "table", ref)
+        assert (record.kernel, record.source, record.row) == (f"{BP}_mfma_256x64x128", "table", ref)
         _check_split_k_buffers(m, 1280, record, request, launch)
         seen[m] = record.params["split_k"]
-    assert seen == {257: 4, 384: 4, 385: 2, 512: 2}
+    assert seen == {513: 4, 768: 4, 769: 2, 1024: 2}
 
 
 @pytest.mark.parametrize(
@@ -401,8 +403,8 @@ def test_bpreshuffle_int8_untuned_uses_the_heuristic(run, m, n, k, kernel, split
         # M=5 is in the bucket [5, 8] of row M=8 (16x64x128): 1 x 112 blocks, 16 k-tiles:
         # 2 (224 <= 304, 16 // 2 = 8 >= 4), not 4 (448 > 304) -> 2.
         (5, 8, (16, 64, 128), 2),
-        # Row M=4096 (128x128x128): 32 x 56 = 1792 blocks -> 1.
-        (4096, 4096, (128, 128, 128), 1),
+        # Row M=4096 (256x128x128): 16 x 56 = 896 blocks -> 1.
+        (4096, 4096, (256, 128, 128), 1),
     ],
 )
 @pytest.mark.parametrize("out_dtype", [BF16, FP16])
@@ -835,7 +837,7 @@ def test_extra_row_with_a_lower_us_overrides_the_default(tmp_path, monkeypatch, 
     _check_split_k_buffers(300, 1280, record, request, launch)
     # Buckets of the other default rows are untouched.
     _, (record,), _, _ = bpreshuffle(run, 200, 1280, 8192)
-    assert (record.kernel, record.row) == (f"{BP}_mfma_128x64x128", bp_row(256, 1280, 8192))
+    assert (record.kernel, record.row) == (f"{BP}_mfma_256x64x128", bp_row(256, 1280, 8192))
 
 
 def test_extra_row_wins_a_tie_with_the_default(tmp_path, monkeypatch, run) -> None:
