@@ -14,7 +14,7 @@ import torch
 from aiter.ops.gemm.kernels import a16w16 as g
 from aiter.ops.shared import mainloop_index as mx
 from op_tests.compile_child import compile_env, disassemble_or_skip, run_child
-from op_tests.shared.mainloop_emulation import conflict_summary, emulate_a16w16
+from op_tests.shared.mainloop_emulation import conflict_summary, emulate_a16w16, fast_first
 
 REPO = Path(__file__).resolve().parents[2]
 ARCH_FLAVOUR = {"gfx942": "mfma", "gfx950": "mfma", "gfx1250": "wmma"}
@@ -159,7 +159,7 @@ def test_k_tiles_cover_the_split(blocks: int, begin: int, end: int) -> None:
     assert len(visited) - (end - begin) < blocks
 
 
-@pytest.mark.parametrize("mma", ["mfma", "wmma"])
+@pytest.mark.parametrize("mma", fast_first(["mfma", "wmma"], 1))
 def test_every_tile_element_has_one_owner(mma: str) -> None:
     """Across waves, MMA repeats, lanes and accumulator elements, a block covers its tile once;
     so do the epilogue's 16-byte runs."""
@@ -227,7 +227,8 @@ EMULATED = [
 
 
 @pytest.mark.parametrize(
-    ("arch", "tile", "split_k", "m", "n", "k", "dtype", "out_dtype", "with_bias"), EMULATED
+    ("arch", "tile", "split_k", "m", "n", "k", "dtype", "out_dtype", "with_bias"),
+    fast_first(EMULATED, 3),
 )
 def test_emulated_work_groups_match_torch(arch, tile, split_k, m, n, k, dtype, out_dtype, with_bias) -> None:  # fmt: skip
     """(a) bit-exact against torch on small integers (every fp32 sum is exact), every element
@@ -252,8 +253,10 @@ def test_emulated_work_groups_match_torch(arch, tile, split_k, m, n, k, dtype, o
 EXPECTED_CONFLICTS = {"A write": 0, "A read": 0}
 
 
-@pytest.mark.parametrize("arch", ["gfx950", "gfx1250"])
-@pytest.mark.parametrize("tile_k", [32, 64])
+@pytest.mark.parametrize(
+    ("arch", "tile_k"),
+    fast_first([("gfx950", 32), ("gfx950", 64), ("gfx1250", 32), ("gfx1250", 64)], 1),
+)
 def test_swizzle_leaves_operand_traffic_free_of_bank_conflicts(arch: str, tile_k: int) -> None:
     """(c) The A stage's writes and the MMA operand reads take one LDS cycle per eight lanes;
     the epilogue's staging (once per tile, not per k-tile) is counted and bounded at twice

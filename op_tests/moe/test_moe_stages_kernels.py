@@ -39,6 +39,7 @@ from op_tests.shared.mainloop_emulation import (
     _buffer_load,
     _mma,
     conflict_summary,
+    fast_first,
     round_to,
 )
 
@@ -719,7 +720,7 @@ def _case_id(c: dict) -> str:
 LAYER_CASES = CASES[:12] + CASES[40::3]
 
 
-@pytest.mark.parametrize("case", LAYER_CASES, ids=[_case_id(c) for c in LAYER_CASES])
+@pytest.mark.parametrize("case", fast_first(LAYER_CASES, 2, [_case_id(c) for c in LAYER_CASES]))
 def test_emulated_layer_matches_the_reference(case: dict) -> None:
     gen = torch.Generator().manual_seed(case["seed"])
     m, d, inter, e, topk = (
@@ -912,7 +913,7 @@ def _stage2_exact_reference(a2, w2, xs, w2s, bias2, routing, m, topk, model_dim,
 
 @pytest.mark.parametrize(
     ("stage", "arch", "dtype", "tile", "m", "d", "inter", "e", "topk", "option", "activation",
-     "gate_mode", "bias", "weight"), EXACT,
+     "gate_mode", "bias", "weight"), fast_first(EXACT, 2),
 )  # fmt: skip
 def test_emulated_work_groups_are_bit_exact(stage, arch, dtype, tile, m, d, inter, e, topk,
                                             option, activation, gate_mode, bias, weight):  # fmt: skip

@@ -428,3 +428,16 @@ def conflict_summary(stats: dict[str, AccessStats]) -> dict[str, str]:
         kind: f"{s.instructions} instructions, {s.cycles} cycles ({s.extra_cycles} from conflicts)"
         for kind, s in sorted(stats.items())
     }
+
+
+def fast_first(cases, fast: int, ids=None):
+    """pytest params of `cases`: the first `fast` in the inner loop, the rest marked slow (a
+    thread-by-thread emulation of a work-group costs seconds; `make test` runs them all)."""
+    import pytest
+
+    ids = ids or [None] * len(cases)
+    return [
+        pytest.param(*(case if isinstance(case, tuple) else (case,)), id=ident,
+                     marks=() if i < fast else pytest.mark.slow)  # fmt: skip
+        for i, (case, ident) in enumerate(zip(cases, ids, strict=True))
+    ]
