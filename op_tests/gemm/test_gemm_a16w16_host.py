@@ -639,3 +639,15 @@ def test_extra_table_row_overrides_the_default_and_sets_split_k(tmp_path, monkey
     # Buckets of the other default rows are untouched.
     _, (record,), _ = run(20, 4096, 4096)
     assert record.row == default_row_ref("gfx942,304,32,4096,4096,0,")
+
+
+def test_a_k_past_the_main_loops_buffer_offsets_is_not_served_by_flydsl() -> None:
+    """A block's rows x K must fit 32-bit buffer offsets: a longer K goes to torch, with the
+    reason, rather than reaching the launcher's refusal."""
+    assert gemm_plan.A16W16.cannot_serve(16, 4096, 2**20, "mfma") is None
+    reason = gemm_plan.A16W16.cannot_serve(16, 4096, 2**22, "mfma")
+    assert (
+        reason == "K = 4194304 is too long for the main loop's 32-bit buffer offsets over 256 rows"
+    )
+    assert gemm_plan.BPRESHUFFLE.cannot_serve(16, 4096, 2**22, "mfma") is None  # 1-byte inputs
+    assert gemm_plan.BPRESHUFFLE.cannot_serve(16, 4096, 2**23, "mfma") is not None

@@ -33,6 +33,7 @@ from aiter.ops.gemm.kernels.a16w16 import SUPPORTED_TILES as A16W16_TILES
 from aiter.ops.gemm.kernels.a16w16 import tile_problem as a16w16_tile_problem
 from aiter.ops.gemm.table import LIBTYPE_FLYDSL, LIBTYPE_TORCH
 from aiter.ops.shared.gemm_index import REDUCE_BLOCK
+from aiter.ops.shared.mainloop_index import OFFSET_LIMIT
 from aiter.tuning import Row, TableError, TableSpec
 
 MAX_SPLIT_K = 8
@@ -70,6 +71,7 @@ class KernelFamily:
     max_mn: int | None = None  # the largest M * N the kernels index; None: no limit
     # Why a tile the kernel is written for does not fit the arch (LDS, registers), or None.
     tile_problem: Callable[[Any, str], str | None] | None = None
+    elem_bytes: int = 2  # bytes of one input element: a block's rows x K must fit 32-bit offsets
 
     def cannot_serve(self, m: int, n: int, k: int, mma: str) -> str | None:
         """Why no kernel of the family can serve an [M, K] x [N, K] call on an arch of `mma`
@@ -89,6 +91,9 @@ class KernelFamily:
             return f"N % {self.n_multiple} != 0 (N={n})"
         if self.max_mn is not None and m * n > self.max_mn:
             return f"M * N = {m * n} is above {self.max_mn}, the kernels' 32-bit index limit"
+        rows = max(max(t.tile_m, t.tile_n) for t in self.tiles[mma])
+        if rows * k * self.elem_bytes >= OFFSET_LIMIT:
+            return f"K = {k} is too long for the main loop's 32-bit buffer offsets over {rows} rows"
         return None
 
     def kernel_name(self, mma: str, tile: Any) -> str:
@@ -212,6 +217,7 @@ BPRESHUFFLE = KernelFamily(
     BPRESHUFFLE_N_MULTIPLE,
     BPRESHUFFLE_K_MULTIPLE,
     tile_problem=bpreshuffle_tile_problem,
+    elem_bytes=1,
 )
 # The kernels need N and K multiples of the scale block, as the scales' shapes do already.
 BLOCKSCALE = KernelFamily(
@@ -220,6 +226,7 @@ BLOCKSCALE = KernelFamily(
     BLOCKSCALE_BLOCK,
     BLOCKSCALE_BLOCK,
     tile_problem=blockscale_tile_problem,
+    elem_bytes=1,
 )
 
 

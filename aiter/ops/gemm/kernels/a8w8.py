@@ -483,6 +483,11 @@ def _check_common(
         raise ValueError(f"wq: expected shape [N, {k}], got {list(wq.shape)}")
     if tuple(out.shape) != (m, n):
         raise ValueError(f"out: expected shape [{m}, {n}], got {list(out.shape)}")
+    if max(tile.tile_m, tile.tile_n) * k >= mx.OFFSET_LIMIT:
+        raise ValueError(
+            f"xq: K = {k} is too large for 32-bit buffer offsets within a {tile.tile_m}x"
+            f"{tile.tile_n} tile (tile rows x K bytes must stay below {mx.OFFSET_LIMIT})"
+        )
     if split_k > 1:
         if workspace is None or workspace.dtype != torch.float32:
             raise ValueError(
