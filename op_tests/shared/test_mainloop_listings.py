@@ -103,9 +103,9 @@ def test_no_spills_and_occupancy_at_least_the_direct_load_kernels(profiled) -> N
     for row in rows:
         lst = _main_listing(row)
         assert lst["vgpr_spills"] == 0 and lst["scratch_bytes"] == 0, _name(row)
-        if baseline is None:
-            continue  # gfx1250: occupancy not modelled
-        floor = baseline[(row["kernel"], row["label"])]
+        floor = (baseline or {}).get((row["kernel"], row["label"]))
+        if floor is None:
+            continue  # gfx1250 (occupancy not modelled), or a tile the old kernels lacked
         assert lst["occupancy"] >= floor, f"{_name(row)}: {lst['occupancy']} < {floor} waves/SIMD"
 
 
