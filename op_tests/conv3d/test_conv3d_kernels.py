@@ -452,62 +452,24 @@ class ConvWorkGroup(WorkGroup):
         self.a_limit = len(self.a_flat) - a_base
         self.chunks = {"A valid": 0, "A padding or masked": 0}
 
-    def load_k_tile(self, kb0, kb_end):
-        k0 = kb0 * mx.k_block(self.eb)
-        a_copy = []
-        for tid in range(self.nthreads):
-            runs = []
-            for p in range(self.passes):
-                q = mx.a_copy_chunk(tid, p, self.mma)
-                row, chunk = mx.a_copy_coord(q, self.cpr)
-                kk = k0 + chunk * self.per_chunk
-                element, valid = self.a_chunk(self.a_rows(row), kk)
-                valid = valid and mx.chunk_k_block(kb0, chunk) < kb_end
-                valid = valid and (not self.k_tail or kk < self.k)
-                valid = valid and q < self.stage_chunks
-                if valid:  # a real tap lies inside the block's buffer: nothing relies on OOB
-                    assert element >= 0 and element + self.per_chunk <= self.a_limit
-                self.chunks["A valid" if valid else "A padding or masked"] += 1
-                runs.append(_buffer_load(self.a_flat, self.a_base, self.a_limit, valid, element,
-                                         self.per_chunk))  # fmt: skip
-            a_copy.append(runs)
-        b_runs = []
-        for tid in range(self.nthreads):
-            lane, wave = tid % self.wsz, tid // self.wsz
-            _, col0 = ix.wave_origin(wave, *self.shape)
-            runs = []
-            for j in range(self.reps_n):
-                row = col0 + mx.operand_row(j, lane)
-                for kb in range(self.blocks):
-                    valid = row < self.b_rows and kb0 + kb < kb_end
-                    for piece in range(self.pieces):
-                        chunk = mx.operand_chunk(kb, lane, piece, self.mma)
-                        kk = k0 + chunk * self.per_chunk
-                        chunk_valid = valid and (not self.k_tail or kk < self.k)
-                        runs.append(_buffer_load(self.b_flat, self.b_base, self.b_rows * self.k,
-                                                 chunk_valid, row * self.k + kk,
-                                                 self.per_chunk))  # fmt: skip
-            b_runs.append(runs)
-        return a_copy, b_runs
+    def load_a(self, element, valid):
+        if valid:  # a real tap lies inside the block's buffer: nothing relies on OOB
+            assert element >= 0 and element + self.per_chunk <= self.a_limit
+        self.chunks["A valid" if valid else "A padding or masked"] += 1
+        return _buffer_load(self.a_flat, self.a_base, self.a_limit, valid, element,
+                            self.per_chunk)  # fmt: skip
 
-    def _a_runs(self, wave, rep, kb):
+    def b_rows_of(self, wave, lane):
+        _, col0 = ix.wave_origin(wave, *self.shape)
+        rows = []
+        for j in range(self.reps_n):
+            row = col0 + mx.operand_row(j, lane)
+            rows.append((row, row < self.b_rows))
+        return rows
+
+    def a_read_offset(self, wave):
         row0, _ = ix.wave_origin(wave, *self.shape)
-        offset = ix.a_wave_lds_byte(row0, self.tile.tile_k, self.eb)
-        a_runs = []
-        for piece in range(self.pieces):
-            lane_bytes = []
-            for lane in range(self.wsz):
-                row = mx.operand_row(rep, lane)
-                chunk = mx.operand_chunk(kb, lane, piece, self.mma)
-                lane_bytes.append(offset + mx.a_lds_byte(row, chunk, self.cpr))
-            self.lds.instruction("A read", wave, lane_bytes, mx.CHUNK_BYTES)
-            for lane, byte in enumerate(lane_bytes):
-                values = self.lds.load(byte, self.per_chunk, self.eb)
-                if piece == 0:
-                    a_runs.append(values)
-                else:
-                    a_runs[lane] = a_runs[lane] + values
-        return a_runs
+        return ix.a_wave_lds_byte(row0, self.tile.tile_k, self.eb)
 
     def epilogue(self, accs, value_fn, staged_dtype, by_column: bool, store):
         """Per wave and A repeat: stage the 16 rows (value_fn(wave, i, j, lane, e, acc) -> fp32,

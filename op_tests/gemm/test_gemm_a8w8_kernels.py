@@ -296,6 +296,7 @@ class A8W8Emulation:
         self.mma = "wmma" if arch == "gfx1250" else "mfma"
         self.m, self.k = xq.shape
         self.n = wq_stored.shape[0]
+        self.int8 = xq.dtype == torch.int8
         self.x = xq.double().reshape(-1)
         self.w = wq_stored.double().reshape(-1)
         self.xs = x_scale.double().reshape(-1)
@@ -329,6 +330,7 @@ class A8W8Emulation:
             a_rows=lambda r: ((origin_m + r) * k, r < m - origin_m),
             b_flat=self.w, b_base=origin_n * k, b_rows=n - origin_n, b_shuffled=not blockscale,
             k=k, origin=(origin_m, origin_n), lds_bytes=xs_base + 4 * nthreads,
+            int8=self.int8,
         )  # fmt: skip
         units = self.num_sb if blockscale else k // g.K_BLOCK
         unit_blocks = 2 if blockscale else 1
@@ -466,6 +468,8 @@ EMULATED = [
     ("bpreshuffle", "gfx942", I8, (16, 128, 64), 3, 7, 128, 192, torch.float16, torch.int64),
     ("bpreshuffle", "gfx950", FN, (64, 64, 64), 4, 70, 64, 128, torch.bfloat16, torch.int32),
     ("bpreshuffle", "gfx950", FN, (256, 128, 64), 1, 20, 144, 128, torch.bfloat16, None),
+    ("bpreshuffle", "gfx950", FN, (64, 128, 128), 2, 70, 256, 384, torch.bfloat16, torch.int32),
+    ("bpreshuffle", "gfx950", I8, (32, 64, 128), 1, 20, 64, 256, torch.float16, None),
     ("bpreshuffle", "gfx1250", FN, (32, 64, 128), 2, 33, 96, 320, torch.bfloat16, torch.int64),
     ("bpreshuffle", "gfx1250", I8, (128, 64, 64), 1, 20, 48, 128, torch.float16, None),
     ("blockscale", "gfx942", FNUZ, (32, 64, 128), 1, 40, 128, 256, torch.bfloat16, None),
@@ -656,6 +660,17 @@ MNEMONIC = {
     ("wmma", "int8"): "v_wmma_i32_16x16x64_iu8",
 }
 
+
+def expected_mnemonic(arch: str, mma: str, dtype: str, tile_k: int) -> str:
+    """gfx950 has wider 8-bit MFMAs: 16x16x64 for int8, and for fp8 the scaled 16x16x128
+    wherever a k-tile holds two 64-byte k-blocks."""
+    if arch == "gfx950" and dtype == "int8":
+        return "v_mfma_i32_16x16x64_i8"
+    if arch == "gfx950" and tile_k >= 128:
+        return "v_mfma_scale_f32_16x16x128_f8f6f4"
+    return MNEMONIC[(mma, dtype)]
+
+
 _CHILD = """
 import json, shutil, sys, time
 from pathlib import Path
@@ -777,11 +792,11 @@ def test_isa_listing_uses_the_expected_mma(listed: dict) -> None:
     MMA or WMMA instruction, and for split-K the agent-scope atomics of the semaphore."""
     arch = listed["arch"]
     for config, result in zip(listed["configs"], listed["results"], strict=True):
-        _, mma, dtype, _, split_k, _, sem_dtype = config
+        _, mma, dtype, tile, split_k, _, sem_dtype = config
         text = Path(result["isa"]).read_text()
         assert result["listings"] == 1, config
         assert f'.amdgcn_target "amdgcn-amd-amdhsa-unknown-{arch}"' in text
-        assert MNEMONIC[(mma, dtype)] in text, config
+        assert expected_mnemonic(arch, mma, dtype, tile[2]) in text, config
         assert ("v_wmma" if mma == "mfma" else "v_mfma") not in text, config
         assert f".wavefront_size: {ix.WAVE_SIZE[mma]}" in text
         atomics = re.findall(r"global_atomic_(add|swap)\w*", text)
@@ -801,4 +816,4 @@ def test_disassembly_uses_the_arch_mma(compiled: dict) -> None:
     arch = compiled["arch"]
     for config, result in zip(compiled["configs"], compiled["results"], strict=True):
         text = disassemble_or_skip(extract_code_objects(result["entries"][0])[0], arch)
-        assert MNEMONIC[(config[1], config[2])] in text, config
+        assert expected_mnemonic(arch, config[1], config[2], config[3][2]) in text, config

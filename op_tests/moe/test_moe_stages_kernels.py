@@ -36,8 +36,6 @@ from op_tests.moe.reference import (
 from op_tests.shared.mainloop_emulation import (
     AccessStats,
     WorkGroup,
-    _buffer_load,
-    _mma,
     conflict_summary,
     fast_first,
     round_to,
@@ -305,47 +303,11 @@ class Stage1WorkGroup(WorkGroup):
         zero = self.zero
         self.zero = lambda count: zero(2 * count)  # main_loop's accumulators: 2 * reps_n wide
 
-    def load_k_tile(self, kb0, kb_end):
-        k0 = kb0 * mx.k_block(self.eb)
-        a_copy = []
-        for tid in range(self.nthreads):
-            runs = []
-            for p in range(self.passes):
-                q = mx.a_copy_chunk(tid, p, self.mma)
-                row, chunk = mx.a_copy_coord(q, self.cpr)
-                kk = k0 + chunk * self.per_chunk
-                element, valid = self.a_chunk(self.a_rows(row), kk)
-                valid = valid and q < self.stage_chunks and mx.chunk_k_block(kb0, chunk) < kb_end
-                runs.append(_buffer_load(self.a_flat, 0, len(self.a_flat), valid, element,
-                                         self.per_chunk))  # fmt: skip
-            a_copy.append(runs)
-        b_runs = []
-        for tid in range(self.nthreads):
-            lane, wave = tid % self.wsz, tid // self.wsz
-            runs = []
-            for j in range(self.reps_b):
-                row, row_valid = self.b_row(wave, j, lane)
-                for kb in range(self.blocks):
-                    valid = row_valid and kb0 + kb < kb_end
-                    for piece in range(self.pieces):
-                        kk = k0 + mx.operand_chunk(kb, lane, piece, self.mma) * self.per_chunk
-                        if self.b_shuffled:
-                            element = mx.shuffled_element(row, kk, self.k)
-                        else:
-                            element = row * self.k + kk
-                        runs.append(_buffer_load(self.b_flat, self.b_base, self.b_rows * self.k,
-                                                 valid, element, self.per_chunk))  # fmt: skip
-            b_runs.append(runs)
-        return a_copy, b_runs
+    def b_rows_of(self, wave, lane):
+        return [self.b_row(wave, j, lane) for j in range(self.reps_b)]
 
-    def mma_k_tile(self, b_runs, accs):
-        for wave in range(mx.WAVES_PER_BLOCK):
-            for kb in range(self.blocks):
-                for i in range(self.reps_m):
-                    a_runs = self._a_runs(wave, i, kb)
-                    for j in range(self.reps_b):
-                        _mma(accs[wave][i * self.reps_b + j], a_runs,
-                             self._b_lanes(b_runs, wave, j, kb), self.mma, self.mma_k)  # fmt: skip
+    def mma_k_tile(self, b_runs, accs, reps_n=None):
+        super().mma_k_tile(b_runs, accs, self.reps_b)
 
 
 def _entry_of(sorted_ids, origin_m: int, r: int, tile_m: int, m: int, topk: int):
@@ -1245,7 +1207,7 @@ MNEMONIC = {
     ("gfx942", False): "v_mfma_f32_16x16x16_bf16",
     ("gfx950", False): "v_mfma_f32_16x16x32_bf16",
     ("gfx942", True): "v_mfma_f32_16x16x32_fp8_fp8",
-    ("gfx950", True): "v_mfma_f32_16x16x32_fp8_fp8",
+    ("gfx950", True): "v_mfma_scale_f32_16x16x128_f8f6f4",  # every fp8 config: tile_k 128
     ("gfx1250", False): "v_wmma_f32_16x16x32_bf16",
     ("gfx1250", True): "v_wmma_f32_16x16x64_fp8_fp8",
 }

@@ -148,10 +148,18 @@ def round_to(value: float, dtype) -> float:
     return float(torch.tensor(value, dtype=torch.float32).to(dtype).double())
 
 
-def mma_k_of(arch: str, elem_bytes: int) -> int:
-    """K of the MMA instruction the kernels use on an arch for an operand width."""
+def wide_8bit_mma(arch: str, elem_bytes: int, int8: bool) -> bool:
+    """Whether the kernels feed an arch's 16x16x128 fp8 MFMA (two k-blocks per call)."""
+    return arch == "gfx950" and elem_bytes == 1 and not int8
+
+
+def mma_k_of(arch: str, elem_bytes: int, int8: bool = False, kb_per_mma: int = 1) -> int:
+    """K of the MMA instruction the kernels use on an arch for an operand width (kb_per_mma:
+    the k-blocks one call consumes, mx.k_blocks_per_mma)."""
     if elem_bytes == 1:
-        return {"gfx942": 32, "gfx950": 32, "gfx1250": 64}[arch]
+        if arch == "gfx950":
+            return 64 if int8 else (128 if kb_per_mma == 2 else 32)
+        return {"gfx942": 32, "gfx1250": 64}[arch]
     return {"gfx942": 16, "gfx950": 32, "gfx1250": 32}[arch]
 
 
@@ -161,17 +169,21 @@ class WorkGroup:
     a_flat/b_flat: the operands' elements (float64, flattened). a_rows(r) -> info and
     a_chunk(info, kk) -> (element of a_flat, valid) are the kernel Pipeline's hooks (by
     default a row-major matrix: info = (start of row r, whether it exists)). B is row-major
-    [N, K] from element b_base, or preshuffled (b_shuffled); b_rows rows of it exist.
+    [N, K] from element b_base, or preshuffled (b_shuffled); b_rows rows of it exist. int8:
+    the operands are int8 (gfx950 has a 16x16x64 MFMA for them, not the 16x16x128 fp8 one).
     """
 
     def __init__(self, *, mma, arch, tile, elem_bytes, a_flat, a_rows, b_flat, b_base, b_rows,
-                 b_shuffled, k, origin, lds_bytes, a_chunk=None, k_tail=False):  # fmt: skip
+                 b_shuffled, k, origin, lds_bytes, a_chunk=None, k_tail=False,
+                 int8=False):  # fmt: skip
         self.mma, self.tile, self.eb, self.k = mma, tile, elem_bytes, k
-        self.mma_k = mma_k_of(arch, elem_bytes)
         self.wsz = mx.WAVE_SIZE[mma]
         self.nthreads = mx.threads(mma)
         self.reps_m, self.reps_n = mx.mma_repeats(tile.tile_m, tile.tile_n)
         self.blocks = tile.tile_k // mx.k_block(elem_bytes)
+        self.kb_per_mma = mx.k_blocks_per_mma(self.blocks, wide_8bit_mma(arch, elem_bytes, int8))
+        self.mma_k = mma_k_of(arch, elem_bytes, int8, self.kb_per_mma)
+        self.calls = self.blocks // self.kb_per_mma
         self.cpr = mx.chunks_per_row(tile.tile_k, elem_bytes)
         self.passes = mx.a_copy_passes(tile.tile_m, tile.tile_k, elem_bytes, mma)
         self.stage_chunks = mx.a_stage_chunks(tile.tile_m, tile.tile_k, elem_bytes)
@@ -189,7 +201,11 @@ class WorkGroup:
 
     # the main loop, step by step as mainloop.py issues it ------------------------------
 
-    def load_k_tile(self, kb0, kb_end):
+    def load_a(self, element: int, valid: bool) -> list[float]:
+        """One 16-byte chunk of A's buffer (zeros where not valid)."""
+        return _buffer_load(self.a_flat, 0, len(self.a_flat), valid, element, self.per_chunk)
+
+    def load_a_k_tile(self, kb0, kb_end):
         k0 = kb0 * mx.k_block(self.eb)
         a_copy = []
         for tid in range(self.nthreads):
@@ -202,30 +218,47 @@ class WorkGroup:
                 valid = valid and q < self.stage_chunks
                 valid = valid and mx.chunk_k_block(kb0, chunk) < kb_end
                 valid = valid and (not self.k_tail or kk < self.k)
-                runs.append(_buffer_load(self.a_flat, 0, len(self.a_flat), valid, element,
-                                         self.per_chunk))  # fmt: skip
+                runs.append(self.load_a(element, valid))
             a_copy.append(runs)
+        return a_copy
+
+    def b_rows_of(self, wave: int, lane: int) -> list[tuple[int, bool]]:
+        """(row of B, valid) a lane feeds each B repeat with: the block's next tile_n rows."""
+        rows = []
+        for j in range(self.reps_n):
+            row = mx.wave_col0(wave, self.tile.tile_n) + mx.operand_row(j, lane)
+            rows.append((row, row < self.b_rows))
+        return rows
+
+    def load_b_rows(self, kb0, kb_end):
+        """Per thread, one run per B repeat and MMA call (load_b_rows' order)."""
+        k0 = kb0 * mx.k_block(self.eb)
         b_runs = []
         for tid in range(self.nthreads):
             lane, wave = tid % self.wsz, tid // self.wsz
             runs = []
-            for j in range(self.reps_n):
-                row = mx.wave_col0(wave, self.tile.tile_n) + mx.operand_row(j, lane)
-                for kb in range(self.blocks):
-                    valid = row < self.b_rows and kb0 + kb < kb_end
-                    for piece in range(self.pieces):
-                        chunk = mx.operand_chunk(kb, lane, piece, self.mma)
-                        kk = k0 + chunk * self.per_chunk
-                        if self.b_shuffled:
-                            element = mx.shuffled_element(row, kk, self.k)
-                        else:
-                            element = row * self.k + kk
-                        chunk_valid = valid and (not self.k_tail or kk < self.k)
-                        limit = self.b_rows * self.k
-                        runs.append(_buffer_load(self.b_flat, self.b_base, limit, chunk_valid,
-                                                 element, self.per_chunk))  # fmt: skip
+            for row, row_valid in self.b_rows_of(wave, lane):
+                for first in range(0, self.blocks, self.kb_per_mma):
+                    run = []
+                    for kb in range(first, first + self.kb_per_mma):
+                        valid = row_valid and kb0 + kb < kb_end
+                        for piece in range(self.pieces):
+                            chunk = mx.operand_chunk(kb, lane, piece, self.mma)
+                            kk = k0 + chunk * self.per_chunk
+                            if self.b_shuffled:
+                                element = mx.shuffled_element(row, kk, self.k)
+                            else:
+                                element = row * self.k + kk
+                            chunk_valid = valid and (not self.k_tail or kk < self.k)
+                            limit = self.b_rows * self.k
+                            run += _buffer_load(self.b_flat, self.b_base, limit, chunk_valid,
+                                                element, self.per_chunk)  # fmt: skip
+                    runs.append(run)
             b_runs.append(runs)
-        return a_copy, b_runs
+        return b_runs
+
+    def load_k_tile(self, kb0, kb_end):
+        return self.load_a_k_tile(kb0, kb_end), self.load_b_rows(kb0, kb_end)
 
     def store_a(self, a_copy):
         tm, tk = self.tile.tile_m, self.tile.tile_k
@@ -240,43 +273,48 @@ class WorkGroup:
                     self.lds.store(wave, byte, a_copy[wave * self.wsz + lane][p], self.eb)
                 self.lds.instruction("A write", wave, lane_bytes, mx.CHUNK_BYTES)
 
+    def a_read_offset(self, wave: int) -> int:
+        """LDS byte the wave's A operand rows start at (every wave reads the whole stage)."""
+        return 0
+
     def _a_runs(self, wave, rep, kb):
-        a_runs = []
-        for piece in range(self.pieces):
-            lane_bytes = []
-            for lane in range(self.wsz):
-                row = mx.operand_row(rep, lane)
-                chunk = mx.operand_chunk(kb, lane, piece, self.mma)
-                lane_bytes.append(mx.a_lds_byte(row, chunk, self.cpr))
-            self.lds.instruction("A read", wave, lane_bytes, mx.CHUNK_BYTES)
-            for lane, byte in enumerate(lane_bytes):
-                values = self.lds.load(byte, self.per_chunk, self.eb)
-                if piece == 0:
-                    a_runs.append(values)
-                else:
-                    a_runs[lane] = a_runs[lane] + values
+        """Per lane, the A run of the MMA call at k-block kb: its pieces of each k-block."""
+        offset = self.a_read_offset(wave)
+        a_runs = [[] for _ in range(self.wsz)]
+        for block in range(kb, kb + self.kb_per_mma):
+            for piece in range(self.pieces):
+                lane_bytes = []
+                for lane in range(self.wsz):
+                    row = mx.operand_row(rep, lane)
+                    chunk = mx.operand_chunk(block, lane, piece, self.mma)
+                    lane_bytes.append(offset + mx.a_lds_byte(row, chunk, self.cpr))
+                self.lds.instruction("A read", wave, lane_bytes, mx.CHUNK_BYTES)
+                for lane, byte in enumerate(lane_bytes):
+                    a_runs[lane] += self.lds.load(byte, self.per_chunk, self.eb)
         return a_runs
 
     def _b_lanes(self, b_runs, wave, rep, kb):
-        first = (rep * self.blocks + kb) * self.pieces
-        return [
-            sum((b_runs[wave * self.wsz + lane][first + p] for p in range(self.pieces)), [])
-            for lane in range(self.wsz)
-        ]
+        call = rep * self.calls + kb // self.kb_per_mma
+        return [b_runs[wave * self.wsz + lane][call] for lane in range(self.wsz)]
+
+    def mma_calls(self):
+        return range(0, self.blocks, self.kb_per_mma)
 
     def mma_k_tile_rep(self, b_runs, wave, rep, tiles):
-        for kb in range(self.blocks):
+        for kb in self.mma_calls():
             a_runs = self._a_runs(wave, rep, kb)
             for j in range(self.reps_n):
                 _mma(tiles[j], a_runs, self._b_lanes(b_runs, wave, j, kb), self.mma, self.mma_k)
 
-    def mma_k_tile(self, b_runs, accs):
+    def mma_k_tile(self, b_runs, accs, reps_n=None):
+        """accs[wave][i * reps_n + j] += A repeat i x B repeat j (reps_n: mma_k_tile_wide's)."""
+        reps_n = reps_n or self.reps_n
         for wave in range(mx.WAVES_PER_BLOCK):
-            for kb in range(self.blocks):
+            for kb in self.mma_calls():
                 for i in range(self.reps_m):
                     a_runs = self._a_runs(wave, i, kb)
-                    for j in range(self.reps_n):
-                        _mma(accs[wave][i * self.reps_n + j], a_runs,
+                    for j in range(reps_n):
+                        _mma(accs[wave][i * reps_n + j], a_runs,
                              self._b_lanes(b_runs, wave, j, kb), self.mma, self.mma_k)  # fmt: skip
 
     def main_loop(self, kb_begin, kb_end, k_tile=None, on_store=None):

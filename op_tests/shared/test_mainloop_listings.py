@@ -117,3 +117,27 @@ def test_16bit_kernels_use_the_arch_mma(profiled) -> None:
             continue
         mnemonics = _main_listing(row)["loop"]["mma_by_mnemonic"]
         assert set(mnemonics) == {BF16_MMA[arch]}, f"{_name(row)}: {mnemonics}"
+
+
+def _8bit_mma(arch: str, row: dict) -> str:
+    """The MMA an 8-bit kernel must use: gfx942 the 16x16x32 MFMAs, gfx1250 the 16x16x64
+    WMMAs; gfx950 int8's 16x16x64 MFMA, and for fp8 the scaled 16x16x128 (two k-blocks per
+    call) wherever a k-tile holds two, i.e. tile_k 128."""
+    int8 = row["dtype"] == "int8"
+    if arch == "gfx1250":
+        return "v_wmma_i32_16x16x64_iu8" if int8 else "v_wmma_f32_16x16x64_fp8_fp8"
+    if arch == "gfx950" and int8:
+        return "v_mfma_i32_16x16x64_i8"
+    if arch == "gfx950" and row["tile"][2] >= 128:
+        return "v_mfma_scale_f32_16x16x128_f8f6f4"
+    return "v_mfma_i32_16x16x32_i8" if int8 else "v_mfma_f32_16x16x32_fp8_fp8"
+
+
+@pytest.mark.slow
+def test_8bit_kernels_use_the_arch_mma(profiled) -> None:
+    arch, rows = profiled
+    eight_bit = [row for row in rows if row["dtype"] not in ("bfloat16", "float16")]
+    assert eight_bit
+    for row in eight_bit:
+        mnemonics = _main_listing(row)["loop"]["mma_by_mnemonic"]
+        assert set(mnemonics) == {_8bit_mma(arch, row)}, f"{_name(row)}: {mnemonics}"

@@ -26,6 +26,7 @@ call inside a loop would make FlyDSL carry its object through the loop).
 from __future__ import annotations
 
 import flydsl.expr as fx
+from flydsl._mlir import ir
 from flydsl.expr import const_expr, range_constexpr, rocdl
 from flydsl.runtime.device import get_rocm_arch
 
@@ -98,6 +99,10 @@ class Pipeline:
         self.tile_m, self.tile_n, self.tile_k = tile_m, tile_n, tile_k
         self.reps_m, self.reps_n = mx.mma_repeats(tile_m, tile_n)
         self.blocks = tile_k // mx.k_block(self.elem_bytes)
+        gfx950_8bit = (mma == "mfma" and self.elem_bytes == 1
+                       and get_rocm_arch().startswith("gfx95"))  # fmt: skip
+        self.int8_k64 = gfx950_8bit and a.dtype == fx.Int8
+        self.kb_per_mma = mx.k_blocks_per_mma(self.blocks, gfx950_8bit and not self.int8_k64)
         self.cpr = mx.chunks_per_row(tile_k, self.elem_bytes)
         self.passes = mx.a_copy_passes(tile_m, tile_k, self.elem_bytes, mma)
         self.stage_chunks = mx.a_stage_chunks(tile_m, tile_k, self.elem_bytes)
@@ -149,37 +154,13 @@ def allocate_lds(allocator, tile_m: int, tile_n: int, tile_k: int, in_dtype, out
 
 def load_k_tile(p: Pipeline, kb0, kb_end):
     """Issue the global loads of the k-tile starting at k-block kb0: this thread's chunks of
-    A (for LDS) and this lane's B runs. Returns (a_copy, b_runs)."""
-    kb_elems = mx.k_block(p.elem_bytes)
-    k0 = kb0 * kb_elems
-    per_chunk = mx.CHUNK_BYTES // p.elem_bytes
-    a_copy = []
-    for info, chunk, real in p.copy_rows:
-        kk = k0 + chunk * per_chunk
-        element, valid = p.a_chunk(info, kk)
-        valid = valid & (mx.chunk_k_block(kb0, chunk) < kb_end)
-        if const_expr(p.idle_threads):
-            valid = valid & real
-        if const_expr(p.k_tail):
-            valid = valid & (kk < p.k)
-        a_copy.append(load_chunk(p.a_buf, valid, element, p.dtype, p.elem_bytes))
-    b_runs = []
-    pieces = mx.operand_chunks(p.mma)
+    A (for LDS) and this lane's B runs of the block's next tile_n rows. Returns (a_copy,
+    b_runs)."""
+    rows = []
     for j in range_constexpr(p.reps_n):
         row = p.b_row0 + mx.operand_row(j, p.lane)
-        row_valid = row < p.rows_n
-        for kb in range_constexpr(p.blocks):
-            valid = row_valid & (kb0 + kb < kb_end)
-            for piece in range_constexpr(pieces):
-                chunk = mx.operand_chunk(kb, p.lane, piece, p.mma)
-                kk = k0 + chunk * per_chunk
-                if const_expr(p.b_shuffled):
-                    element = mx.shuffled_element(row, kk, p.k)
-                else:
-                    element = row * p.k + kk
-                chunk_valid = valid & (kk < p.k) if const_expr(p.k_tail) else valid
-                b_runs.append(load_chunk(p.b_buf, chunk_valid, element, p.dtype, p.elem_bytes))
-    return a_copy, b_runs
+        rows.append((row, row < p.rows_n))
+    return load_a_k_tile(p, kb0, kb_end), load_b_rows(p, rows, kb0, kb_end)
 
 
 def store_a(p: Pipeline, a_copy):
@@ -193,30 +174,35 @@ def store_a(p: Pipeline, a_copy):
 
 
 def _a_operand(p: Pipeline, rep: int, kb: int):
-    """A lane's K run of A row repeat `rep` in k-block kb, read from the LDS stage.
+    """A lane's K run of A row repeat `rep` for the MMA call at k-block kb (its
+    p.kb_per_mma k-blocks from kb), read from the LDS stage.
 
     The swizzle repeats every 16 rows (mx.rep_stride_bytes), so every repeat reads at one
     per-lane address plus a constant: one address register, immediate offsets."""
     row = mx.operand_row(0, p.lane)
     vec = fx.Vector.make_type(mx.CHUNK_BYTES // p.elem_bytes, p.dtype)
     pieces = []
-    for piece in range_constexpr(mx.operand_chunks(p.mma)):
-        chunk = mx.operand_chunk(kb, p.lane, piece, p.mma)
-        byte = mx.a_lds_byte(row, chunk, p.cpr) + rep * mx.rep_stride_bytes(p.cpr)
-        pieces.append(fx.ptr_load(p.lds_a + byte // p.elem_bytes, result_type=vec))
+    for block in range_constexpr(kb, kb + p.kb_per_mma):
+        for piece in range_constexpr(mx.operand_chunks(p.mma)):
+            chunk = mx.operand_chunk(block, p.lane, piece, p.mma)
+            byte = mx.a_lds_byte(row, chunk, p.cpr) + rep * mx.rep_stride_bytes(p.cpr)
+            pieces.append(fx.ptr_load(p.lds_a + byte // p.elem_bytes, result_type=vec))
     return _join(pieces, p.elem_bytes)
 
 
 def _join(pieces, elem_bytes: int):
-    if const_expr(len(pieces) == 1):
-        return pieces[0]
-    return pieces[0].shuffle(pieces[1], list(range(2 * (mx.CHUNK_BYTES // elem_bytes))))
+    """One vector of the 16-byte pieces' elements in order (a power of two of them)."""
+    length = mx.CHUNK_BYTES // elem_bytes
+    while len(pieces) > 1:
+        pieces = [pieces[i].shuffle(pieces[i + 1], list(range(2 * length)))
+                  for i in range(0, len(pieces), 2)]  # fmt: skip
+        length *= 2
+    return pieces[0]
 
 
 def _b_operand(p: Pipeline, b_runs, rep: int, kb: int):
-    pieces = mx.operand_chunks(p.mma)
-    first = (rep * p.blocks + kb) * pieces
-    return _join([b_runs[first + i] for i in range_constexpr(pieces)], p.elem_bytes)
+    """A lane's K run of B repeat `rep` for the MMA call at k-block kb (load_b_rows' order)."""
+    return b_runs[rep * len(mma_calls(p)) + kb // p.kb_per_mma]
 
 
 def _sub_vector(vec, start: int, length: int):
@@ -255,9 +241,14 @@ def mma_16bit(p: Pipeline, a_run, b_run, acc):
     return acc
 
 
+# The scaled fp8 MFMA's E8M0 scale of 1.0 in every byte: the kernels scale after the MMAs.
+UNIT_SCALES = 0x7F7F7F7F
+
+
 def mma_8bit(p: Pipeline, a_run, b_run, acc):
-    """acc += one k-block of a lane's 8-bit runs: two 16x16x32 MFMAs (fp8 or int8) on
-    gfx942/gfx950, one 16x16x64 WMMA on gfx1250."""
+    """acc += a lane's 8-bit runs of p.kb_per_mma k-blocks. gfx942: two 16x16x32 MFMAs (fp8
+    or int8) per k-block. gfx950: one 16x16x64 int8 MFMA per k-block; one 16x16x128 fp8 MFMA
+    per two k-blocks (two 16x16x32 where a k-tile has one). gfx1250: one 16x16x64 WMMA."""
     is_int = p.dtype == fx.Int8
     if const_expr(p.mma == "wmma"):
         acc_ty = fx.Vector.make_type(8, acc_dtype(p))
@@ -271,6 +262,16 @@ def mma_8bit(p: Pipeline, a_run, b_run, acc):
             op = rocdl.wmma_f32_16x16x64_fp8_fp8(acc_ty, a32, b32, acc.ir_value())
         return fx.Vector(op.result)
     acc_ty = fx.Vector.make_type(4, acc_dtype(p))
+    if const_expr(p.kb_per_mma == 2):
+        # cbsz = blgp = 0: both operands fp8 E4M3; scales of 1.0 from lane 0 (op_sel 0).
+        unit = fx.Int32(UNIT_SCALES)
+        operands = [a_run.bitcast(fx.Int32), b_run.bitcast(fx.Int32), acc, 0, 0, 0, unit, 0, unit]
+        return fx.Vector(rocdl.mfma_scale_f32_16x16x128_f8f6f4(acc_ty, operands))
+    if const_expr(p.int8_k64):
+        a, b = a_run.bitcast(fx.Int32).ir_value(), b_run.bitcast(fx.Int32).ir_value()
+        no_broadcast = ir.Attribute.parse("#rocdl<mfma_perm_b none>")  # blgp = 0
+        op = rocdl.mfma_i32_16x16x64_i8(acc_ty, a, b, acc.ir_value(), 0, 0, no_broadcast)
+        return fx.Vector(op.result)
     a64 = a_run.bitcast(fx.Int64)
     b64 = b_run.bitcast(fx.Int64)
     for step in range_constexpr(2):
@@ -282,38 +283,37 @@ def mma_8bit(p: Pipeline, a_run, b_run, acc):
     return acc
 
 
+def mma_calls(p: Pipeline):
+    """The first k-block of each MMA call of a k-tile."""
+    return range_constexpr(0, p.blocks, p.kb_per_mma)
+
+
 def mma_k_tile(p: Pipeline, b_runs, accs):
     """Every MMA of one k-tile: A operands from the LDS stage, B from this lane's runs.
     accs[i * reps_n + j] is the tile of A repeat i and B repeat j."""
-    mma_fn = mma_16bit if const_expr(p.elem_bytes == 2) else mma_8bit
-    accs = list(accs)
-    for kb in range_constexpr(p.blocks):
-        for i in range_constexpr(p.reps_m):
-            a_run = _a_operand(p, i, kb)
-            for j in range_constexpr(p.reps_n):
-                t = i * p.reps_n + j
-                accs[t] = mma_fn(p, a_run, _b_operand(p, b_runs, j, kb), accs[t])
-    interleave_operand_reads(p, p.reps_m * p.blocks, p.reps_n)
+    accs = mma_k_tile_wide(p, b_runs, accs, p.reps_n)
+    interleave_operand_reads(p, p.reps_m, p.reps_n)
     return accs
 
 
 def mma_instructions(p: Pipeline) -> int:
-    """MMA instructions per 16x16 tile per k-block: one WMMA; on MFMA, a 16-byte run feeds
-    two 16x16x32 8-bit MFMAs, two 16x16x16 16-bit ones (gfx942) or one 16x16x32 (gfx950)."""
+    """MMA instructions per 16x16 tile per MMA call: one WMMA; on MFMA, two 16x16x32 8-bit
+    MFMAs per 16-byte run, or one (gfx950's int8 16x16x64 and fp8 16x16x128); for 16 bits,
+    two 16x16x16 (gfx942) or one 16x16x32 (gfx950)."""
     if const_expr(p.mma == "wmma"):
         return 1
     if const_expr(p.elem_bytes == 1):
-        return 2
+        return 1 if const_expr(p.kb_per_mma == 2 or p.int8_k64) else 2
     return 1 if const_expr(p.mma_k == 32) else 2
 
 
-def interleave_operand_reads(p: Pipeline, groups: int, reps_n: int):
-    """Scheduling hint: each A operand's LDS read, then the MMAs that use it, in turn. The
-    scheduler otherwise hoists every read of the k-tile ahead of the first MMA, which holds
-    all their registers at once."""
-    pieces = mx.operand_chunks(p.mma)
-    for _ in range_constexpr(groups):
-        rocdl.sched_group_barrier(rocdl.mask_dsrd, pieces, 0)
+def interleave_operand_reads(p: Pipeline, reps_m: int, reps_n: int):
+    """Scheduling hint: each A operand's LDS reads, then the MMAs that use it, in turn, for
+    reps_m A repeats of a k-tile. The scheduler otherwise hoists every read of the k-tile
+    ahead of the first MMA, which holds all their registers at once."""
+    reads = mx.operand_chunks(p.mma) * p.kb_per_mma
+    for _ in range_constexpr(reps_m * len(mma_calls(p))):
+        rocdl.sched_group_barrier(rocdl.mask_dsrd, reads, 0)
         rocdl.sched_group_barrier(rocdl.mask_mfma, reps_n * mma_instructions(p), 0)
 
 
@@ -322,11 +322,11 @@ def mma_k_tile_rep(p: Pipeline, b_runs, rep_m: int, tiles):
     kernel that scales each k-tile's partial (blockscale) keeps one repeat's partial live."""
     mma_fn = mma_16bit if const_expr(p.elem_bytes == 2) else mma_8bit
     tiles = list(tiles)
-    for kb in range_constexpr(p.blocks):
+    for kb in mma_calls(p):
         a_run = _a_operand(p, rep_m, kb)
         for j in range_constexpr(p.reps_n):
             tiles[j] = mma_fn(p, a_run, _b_operand(p, b_runs, j, kb), tiles[j])
-    interleave_operand_reads(p, p.blocks, p.reps_n)
+    interleave_operand_reads(p, 1, p.reps_n)
     return tiles
 
 
@@ -434,24 +434,27 @@ def load_b_rows(p: Pipeline, rows, kb0, kb_end):
     """This lane's B runs of the k-tile starting at k-block kb0 for B repeats of the kernel's
     choosing: rows[j] = (row of p.b_buf, valid) the lane feeds repeat j with (the row of
     mx.operand_row(j, lane) in the kernel's own numbering). A row not valid loads zeros.
-    Returns the runs in the order mma_k_tile_wide reads them (len(rows) repeats)."""
+    Returns one run per repeat and MMA call, each joined where it is loaded: a run carried
+    through the loop as one vector needs no register copies to feed its MMA."""
     kb_elems = mx.k_block(p.elem_bytes)
     k0 = kb0 * kb_elems
     per_chunk = mx.CHUNK_BYTES // p.elem_bytes
     b_runs = []
-    pieces = mx.operand_chunks(p.mma)
     for row, row_valid in rows:
-        for kb in range_constexpr(p.blocks):
-            valid = row_valid & (kb0 + kb < kb_end)
-            for piece in range_constexpr(pieces):
-                chunk = mx.operand_chunk(kb, p.lane, piece, p.mma)
-                kk = k0 + chunk * per_chunk
-                if const_expr(p.b_shuffled):
-                    element = mx.shuffled_element(row, kk, p.k)
-                else:
-                    element = row * p.k + kk
-                chunk_valid = valid & (kk < p.k) if const_expr(p.k_tail) else valid
-                b_runs.append(load_chunk(p.b_buf, chunk_valid, element, p.dtype, p.elem_bytes))
+        for first in mma_calls(p):
+            pieces = []
+            for kb in range_constexpr(first, first + p.kb_per_mma):
+                valid = row_valid & (kb0 + kb < kb_end)
+                for piece in range_constexpr(mx.operand_chunks(p.mma)):
+                    chunk = mx.operand_chunk(kb, p.lane, piece, p.mma)
+                    kk = k0 + chunk * per_chunk
+                    if const_expr(p.b_shuffled):
+                        element = mx.shuffled_element(row, kk, p.k)
+                    else:
+                        element = row * p.k + kk
+                    chunk_valid = valid & (kk < p.k) if const_expr(p.k_tail) else valid
+                    pieces.append(load_chunk(p.b_buf, chunk_valid, element, p.dtype, p.elem_bytes))
+            b_runs.append(_join(pieces, p.elem_bytes))
     return b_runs
 
 
@@ -459,14 +462,11 @@ def mma_k_tile_wide(p: Pipeline, b_runs, accs, reps_n: int):
     """mma_k_tile over reps_n B repeats (load_b_rows of reps_n rows), each A operand read from
     LDS once for all of them: accs[i * reps_n + j] is the tile of A repeat i and B repeat j."""
     mma_fn = mma_16bit if const_expr(p.elem_bytes == 2) else mma_8bit
-    pieces = mx.operand_chunks(p.mma)
     accs = list(accs)
-    for kb in range_constexpr(p.blocks):
+    for kb in mma_calls(p):
         for i in range_constexpr(p.reps_m):
             a_run = _a_operand(p, i, kb)
             for j in range_constexpr(reps_n):
-                first = (j * p.blocks + kb) * pieces
-                b_run = _join([b_runs[first + c] for c in range_constexpr(pieces)], p.elem_bytes)
                 t = i * reps_n + j
-                accs[t] = mma_fn(p, a_run, b_run, accs[t])
+                accs[t] = mma_fn(p, a_run, _b_operand(p, b_runs, j, kb), accs[t])
     return accs

@@ -78,6 +78,14 @@ def chunks_per_k_block() -> int:
     return 64 // CHUNK_BYTES
 
 
+def k_blocks_per_mma(blocks: int, wide_mma: bool) -> int:
+    """k-blocks one MMA call consumes: gfx950's 16x16x128 fp8 MFMA (wide_mma) takes a lane's
+    runs of two consecutive k-blocks, where the k-tile holds an even number of them; every
+    other MMA takes one. A and B runs are paired alike, so the MMA's K order is a permutation
+    of the k-tile's that both operands share, and the sum is unchanged."""
+    return 2 if wide_mma and blocks % 2 == 0 else 1
+
+
 def split_k_range(split, num_k_blocks, split_k: int):
     """Half-open range of k-blocks owned by one split: contiguous, sizes differing by at most
     one, together covering every k-block once (some empty with more splits than k-blocks)."""
