@@ -123,7 +123,7 @@ def test_moe_sorting_allocates_aiters_buffers():
     assert tuple(sorted_experts.shape) == (-(-slots // 32),)
     assert tuple(num_valid.shape) == (2,)
     assert tuple(moe_buf.shape) == (5, 256) and moe_buf.dtype == BF16
-    assert {r.function for r in requests} >= {"moe_sorting_count", "moe_sorting_fill"}
+    assert {r.function for r in requests} >= {"moe_sorting_count", "moe_sorting_scatter"}
 
 
 @pytest.mark.parametrize(
@@ -159,7 +159,7 @@ def test_untuned_calls_follow_the_planner(table, tokens):
     assert record.params["padded_tokens"] == moe_host.get_padded_M(tokens)
     s1 = f"flydsl_moe1_mfma_{block_m}x64x64"
     assert record.kernel == f"{s1}+flydsl_moe2_mfma_{block_m}x64x64_atomic"
-    assert {"moe_stage1", "moe_stage2", "moe_sorting_fill"} <= set(functions)
+    assert {"moe_stage1", "moe_stage2", "moe_sorting_scatter"} <= set(functions)
     assert ("moe_stage1_activation" in functions) == (ksplit > 1)
     assert "moe_topk_reduce" not in functions
 
@@ -349,7 +349,7 @@ def test_kernel_keys_ignore_sizes_of_one(table):
             )  # fmt: skip
         files[tokens, topk] = {(r.function, r.file_name) for r in requests}
     assert len({frozenset(f) for f in files.values()}) == 1, files
-    assert {name for name, _ in files[1, 1]} >= {"moe_sorting_fill", "moe_stage1", "moe_stage2"}
+    assert {name for name, _ in files[1, 1]} >= {"moe_sorting_scatter", "moe_stage1", "moe_stage2"}
 
 
 GPT_OSS = dict(model_dim=2880, experts=128, topk=4)

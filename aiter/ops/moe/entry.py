@@ -135,7 +135,7 @@ def _sort(
     sorted_expert_ids = torch.empty((blocks,), dtype=IDS_DTYPE, device=dev)
     num_valid_ids = torch.empty((2,), dtype=IDS_DTYPE, device=dev)
     workspace = torch.empty(
-        (sorting_workspace_size(num_experts),), dtype=WORKSPACE_DTYPE, device=dev
+        (sorting_workspace_size(m, topk, num_experts),), dtype=WORKSPACE_DTYPE, device=dev
     )
     launch_moe_sorting(
         topk_ids,

@@ -4,15 +4,25 @@ moe_sorting groups the routed (token, slot) entries of a top-k routing by expert
 expert's entries occupy a run of sorted slots padded to a multiple of the block size, and
 every block of slots names the local expert that owns it.
 
-The kernels are three plain passes, each thread working alone (no LDS, no atomics, no
-barriers), so the result is deterministic by construction:
+The kernels are a stable counting sort in three launches:
 
-1. count: one thread per global expert counts its routed entries into workspace[g]
-   (0 for a non-local expert);
-2. scan: one thread walks the experts in global id order, writes each expert's first slot
-   into workspace[E + g], sorted_expert_ids of its blocks and num_valid_ids;
-3. fill: one thread per global expert writes its entries, in flat order, from its first
-   slot, then pads its run with the sentinel.
+1. count: the flat entries t * topk + k are cut into chunks of CHUNK; one block per chunk
+   counts its entries per expert in an LDS histogram and writes the chunk's row of counts;
+2. scan: one block, a thread per expert, turns each expert's column of chunk counts into
+   exclusive prefixes (where the chunk's entries of that expert start inside its run), sums
+   them, scans the padded totals across experts in LDS (each expert's first slot) and writes
+   sorted_expert_ids, the sentinel padding and num_valid_ids;
+3. scatter: one block per chunk again ranks each entry among the same expert's entries of
+   the chunk and writes it at first slot + chunk prefix + rank.
+
+Inside a chunk, wave w owns the contiguous entries [w * ROUNDS * W, (w + 1) * ROUNDS * W) (W
+the wave size), ROUNDS rounds of one entry per lane. A round ranks its lanes by expert with
+ballots (the lanes that share an expert: one ballot per bit of the expert id) and lane masks;
+the lowest-ranked lanes of each group do not need to be singled out, since every lane of a
+group writes the same new count. Each wave keeps its own row of counts in LDS, so no two
+waves touch one word inside a phase and no atomics are needed: an entry's rank is the counts
+of the waves before it, plus its wave's count before its round, plus its rank in the round.
+That is flat order, so the result is deterministic and equals the serial definition.
 """
 
 # Only +, -, *, //, %, &, |, <<, >> and comparisons appear in the index functions, so the same
@@ -35,11 +45,19 @@ MAX_TOKENS = TOKEN_MASK
 MAX_TOPK = (1 << (31 - TOKEN_BITS)) - 1
 # Block sizes must be positive multiples of this (16, 32 and 64 are the usual ones).
 BLOCK_SIZE_MULTIPLE = 16
-# Threads per block of the per-expert kernels: a multiple of both wave sizes (64 and 32), so
-# the same value serves gfx9 (wave64) and gfx1250 (wave32).
-EXPERT_THREADS = 64
-# Layout of the int32 workspace: [0, E) per-expert counts, [E, 2E) per-expert first slots.
-WORKSPACE_PER_EXPERT = 2
+# Experts the kernels' LDS tables and the scan block hold; an expert id takes EXPERT_BITS.
+MAX_EXPERTS = 512
+EXPERT_BITS = 9
+# Threads of a count or scatter block and the entries each lane takes per pass: a block's
+# chunk of flat entries is THREADS * ROUNDS long on both wave sizes.
+THREADS = 256
+ROUNDS = 8
+CHUNK = THREADS * ROUNDS
+# The scan's one block: a thread per expert; chunk counts it loads per wait.
+SCAN_THREADS = MAX_EXPERTS
+SCAN_BATCH = 8
+# Largest P whose byte offsets (4-byte elements) stay inside a buffer's 32-bit range.
+MAX_SLOTS = 1 << 29
 
 
 # --- sizes -------------------------------------------------------------------------------
@@ -55,19 +73,27 @@ def sorting_sizes(m, topk, num_experts, block_size):
     return p, (p + block_size - 1) // block_size
 
 
-def workspace_size(num_experts):
-    """int32 elements of the kernels' workspace."""
-    return WORKSPACE_PER_EXPERT * num_experts
+def num_chunks(m, topk):
+    """Chunks of flat entries (and blocks of the count and scatter kernels): at least one."""
+    return max(1, (m * topk + CHUNK - 1) // CHUNK)
 
 
-def count_slot(g):
-    """Workspace index of expert g's entry count."""
-    return g
+def workspace_size(m, topk, num_experts):
+    """int32 elements of the kernels' workspace: a row of E counts per chunk, then the E first
+    slots."""
+    return (num_chunks(m, topk) + 1) * num_experts
 
 
-def offset_slot(g, num_experts):
-    """Workspace index of expert g's first sorted slot."""
-    return num_experts + g
+def count_slot(chunk, g, num_experts):
+    """Workspace index of chunk `chunk`'s count of expert g (after the scan: where the chunk's
+    entries of g start inside g's run)."""
+    return chunk * num_experts + g
+
+
+def first_slot_index(g, num_experts, chunks):
+    """Workspace index of expert g's first sorted slot (P for a non-local expert, so its
+    entries are stored nowhere)."""
+    return chunks * num_experts + g
 
 
 # --- sorted ids --------------------------------------------------------------------------
@@ -110,11 +136,6 @@ def entry_token_slot(i, topk):
     return i // topk, i % topk
 
 
-def entry_bound(num_entries, flag):
-    """A loop bound that is num_entries for flag 1 and 0 (an empty loop) for flag 0."""
-    return num_entries * flag
-
-
 # --- padded runs and blocks --------------------------------------------------------------
 
 
@@ -123,20 +144,56 @@ def padded_count(count, block_size):
     return (count + block_size - 1) // block_size * block_size
 
 
-def block_range(offset, padded, block_size):
-    """Half-open range of blocks covering the padded run [offset, offset + padded)."""
-    return offset // block_size, (offset + padded) // block_size
+def run_padding(first, count, block_size):
+    """Half-open range of slots the sentinel fills after a run of `count` entries at first."""
+    return first + count, first + padded_count(count, block_size)
 
 
-def next_run(offset, local_idx, padded, local):
-    """(first slot, local index) of the next expert after one of `padded` slots; local is 1
-    for a local expert (it takes a local index even with no entries) and 0 otherwise."""
-    return offset + padded, local_idx + local
+# --- the chunks: waves, rounds and lanes -------------------------------------------------
 
 
-def run_padding(offset, count, block_size):
-    """Half-open range of slots the sentinel fills after a run of `count` entries at offset."""
-    return offset + count, offset + padded_count(count, block_size)
+def waves_per_block(wave_size: int) -> int:
+    return THREADS // wave_size
+
+
+def chunk_entry(chunk, wave, rnd, lane, wave_size: int):
+    """Flat entry a lane takes in round rnd: increasing in (wave, round, lane), so ranking
+    in that order is flat order."""
+    return chunk * CHUNK + (wave * ROUNDS + rnd) * wave_size + lane
+
+
+def table_word(wave, g):
+    """LDS word of wave w's count of expert g."""
+    return wave * MAX_EXPERTS + g
+
+
+def spare_word(tid, wave_size: int):
+    """LDS word a thread whose entry is not routed reads and writes instead: its own."""
+    return waves_per_block(wave_size) * MAX_EXPERTS + tid
+
+
+def table_words(wave_size: int) -> int:
+    """int32 words of a count or scatter block's LDS: the waves' rows, then a spare word per
+    thread."""
+    return waves_per_block(wave_size) * MAX_EXPERTS + THREADS
+
+
+def experts_of_thread(tid):
+    """Experts a count or scatter thread sums or prefixes across the waves' rows."""
+    return [i * THREADS + tid for i in range(MAX_EXPERTS // THREADS)]
+
+
+# --- the scan ----------------------------------------------------------------------------
+
+
+def scan_steps():
+    """Distances of the scan's Hillis-Steele steps over SCAN_THREADS values."""
+    return [1 << i for i in range(EXPERT_BITS)]
+
+
+def search_steps():
+    """Steps of the search for the expert owning a block: largest g with first[g] <= slot."""
+    return [1 << i for i in reversed(range(EXPERT_BITS))]
 
 
 # --- bounds ------------------------------------------------------------------------------
@@ -154,29 +211,6 @@ def valid_rows_cap(p, block_size):
     """Largest multiple of the block size that fits in P slots: num_valid_ids[0] never
     exceeds it."""
     return p // block_size * block_size
-
-
-def slot_in_range(slot, p):
-    """Whether a sorted slot exists (stores to slots past P are dropped)."""
-    return slot < p
-
-
-# --- grids -------------------------------------------------------------------------------
-
-
-def expert_grid(num_experts):
-    """Blocks of the count and fill kernels (one thread per global expert)."""
-    return (num_experts + EXPERT_THREADS - 1) // EXPERT_THREADS
-
-
-def expert_of_thread(bid, tid):
-    """Global expert id of a count or fill thread."""
-    return bid * EXPERT_THREADS + tid
-
-
-def is_expert(g, num_experts):
-    """Whether a count or fill thread has an expert (the last block may have spare threads)."""
-    return g < num_experts
 
 
 # --- CPU reference -----------------------------------------------------------------------
