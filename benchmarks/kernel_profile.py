@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,7 @@ BPRESHUFFLE_TILES = ((128, 128, 128), (64, 128, 64))  # largest and a middle one
 BLOCKSCALE_TILES = ((128, 128, 128), (64, 128, 128))
 GEMM_MNK = (512, 512, 1024)
 MOE_SIZES = dict(m=256, model_dim=1024, inter=512, experts=8, topk=2)
+MOE_STAGE2_MODE = "atomic"  # a config's "mode" when it names none (the planner's default)
 CONV_SHAPES = dict(x=(2, 64, 8, 16, 16), w=(128, 64, 3, 3, 3), padding=1)
 
 
@@ -59,6 +61,8 @@ def default_configs(arch: str) -> list[dict]:
         dict(kernel="moe_stage1", tile=(32, 128, 64), dtype="bfloat16"),
         dict(kernel="moe_stage1", tile=(64, 128, 128), dtype=fp8),
         dict(kernel="moe_stage2", tile=(64, 128, 64), dtype="bfloat16"),
+        dict(kernel="moe_stage2", tile=(64, 128, 64), dtype="float16"),
+        dict(kernel="moe_stage2", tile=(64, 128, 64), dtype="bfloat16", mode="reduce"),
         dict(kernel="moe_stage2", tile=(32, 128, 128), dtype=fp8),
         dict(kernel="conv3d", tile=(64, 64, 2, 2, 1), dtype="bfloat16"),
         dict(kernel="conv3d", tile=(128, 128, 2, 2, 1), dtype="bfloat16"),
@@ -79,7 +83,8 @@ def config_label(cfg: dict) -> str:
     if cfg["kernel"] == "conv3d":
         shape = f"{tile[0]}x{tile[1]} w{tile[2]}x{tile[3]}"
     short = {"bfloat16": "bf16", "float16": "f16", "int8": "i8"}
-    return f"{shape} {short.get(cfg['dtype'], 'fp8')}"
+    mode = f" {cfg['mode']}" if cfg.get("mode", MOE_STAGE2_MODE) != MOE_STAGE2_MODE else ""
+    return f"{shape} {short.get(cfg['dtype'], 'fp8')}{mode}"
 
 
 # --- launches (in the child) -----------------------------------------------------------------
@@ -137,21 +142,24 @@ def _launch_moe(cfg: dict, dtype) -> None:
 
     s, tile = MOE_SIZES, GemmTile(*cfg["tile"])
     m, d, inter, e, topk = s["m"], s["model_dim"], s["inter"], s["experts"], s["topk"]
-    quant, bf16 = dtype.itemsize == 1, torch.bfloat16
+    quant = dtype.itemsize == 1
+    out_dtype = torch.bfloat16 if quant else dtype  # fp8's out is the hidden (bf16) dtype
     routing = _routing(tile.tile_m)
     if cfg["kernel"] == "moe_stage1":
         scales = dict(a_scale=_empty(m, 1), w1_scale=_empty(e, 2 * inter, 1)) if quant else {}
         stages.launch_moe_stage1(
             _empty(m, d, dtype=dtype), _empty(e, 2 * inter, d, dtype=dtype), *routing,
-            _empty(m * topk, inter, dtype=bf16), topk=topk, tile=tile, ksplit=1,
+            _empty(m * topk, inter, dtype=out_dtype), topk=topk, tile=tile, ksplit=1,
             activation="silu", gate_mode="separated", doweight=False, mma=cfg["mma"], **scales,
         )  # fmt: skip
         return
     scales = dict(a2_scale=_empty(m * topk, 1), w2_scale=_empty(e, d, 1)) if quant else {}
+    mode = cfg.get("mode", MOE_STAGE2_MODE)
+    workspace = _empty(*stages.stage2_workspace_shape(m, topk, d)) if mode == "reduce" else None
     stages.launch_moe_stage2(
         _empty(m * topk, inter, dtype=dtype), _empty(e, d, inter, dtype=dtype), *routing,
-        _empty(m, d, dtype=bf16), topk=topk, tile=tile, mode="atomic", apply_weight=True,
-        mma=cfg["mma"], **scales,
+        _empty(m, d, dtype=out_dtype), topk=topk, tile=tile, mode=mode, apply_weight=True,
+        mma=cfg["mma"], workspace=workspace, **scales,
     )  # fmt: skip
 
 
@@ -180,6 +188,14 @@ _LAUNCHERS = {
 # --- figures of one listing ------------------------------------------------------------------
 
 
+def _atomic_counts(text: str) -> dict[str, int]:
+    """Atomic instructions in the whole listing (epilogues included) by mnemonic, static."""
+    counts: dict[str, int] = {}
+    for mnemonic in re.findall(r"^\s*((?:global|buffer|flat)_atomic_\w+)", text, re.MULTILINE):
+        counts[mnemonic] = counts.get(mnemonic, 0) + 1
+    return counts
+
+
 def profile_listing(text: str) -> dict:
     """Metadata, main-loop figures, occupancy and roofline estimate of one listing."""
     lst = isa.parse_listing(text)
@@ -190,7 +206,7 @@ def profile_listing(text: str) -> dict:
         sgpr_spills=lst.sgpr_spills, scratch_bytes=lst.scratch_bytes, wave_size=lst.wave_size,
         waves_per_block=waves,
         occupancy=isa.occupancy(lst.arch, lst.arch_vgprs, lst.agprs, lst.lds_bytes, waves),
-        loop=None, roofline=None,
+        atomics=_atomic_counts(text), loop=None, roofline=None,
     )  # fmt: skip
     loop = isa.main_loop(lst)
     if loop is not None:
@@ -306,15 +322,16 @@ HEADER = (
     "bytes, MMAs, VALU instructions, exposed wait (a vmcnt/loadcnt wait before the first MMA "
     "forcing a load of the same iteration), inner loops nested in the main loop (e.g. waterfall "
     "loops). w/SIMD: waves per SIMD ('-': not modelled). FLOP/B = MMA FLOPs per issued global "
-    "load byte. "
+    "load byte. atomics: static count of atomic instructions in the whole kernel by mnemonic "
+    "(e.g. MoE stage 2's adds into its output). "
     "'est. roof' = ESTIMATED ceiling min(peak, FLOP/B x HBM BW) as % of the spec-sheet peak of "
     "MI300X (gfx942) / MI355X (gfx950), assuming every issued byte comes from HBM (an upper-bound "
     "estimate that ignores caches); n/a for gfx1250 (no public peaks used here)."
 )
 COLUMNS = (
-    ("kernel", 16), ("arch", 7), ("tile", 17), ("gload B (buf/all)", 18), ("LDS r/w B", 12),
+    ("kernel", 16), ("arch", 7), ("tile", 22), ("gload B (buf/all)", 18), ("LDS r/w B", 12),
     ("MMA", 32), ("VALU", 5), ("exp.wait", 8), ("inner", 5), ("VGPR+AGPR", 9), ("LDS", 6),
-    ("spill v/s", 9), ("w/SIMD", 6), ("FLOP/B", 7), ("est. roof", 14),
+    ("spill v/s", 9), ("w/SIMD", 6), ("FLOP/B", 7), ("est. roof", 14), ("atomics", 24),
 )  # fmt: skip
 
 
@@ -322,6 +339,11 @@ def _mma_text(loop: dict) -> str:
     return " + ".join(
         f"{n} {m.removeprefix('v_')}" for m, n in sorted(loop["mma_by_mnemonic"].items())
     )
+
+
+def _atomics_text(atomics: dict[str, int]) -> str:
+    parts = [f"{n} {m.split('_atomic_', 1)[1]}" for m, n in sorted(atomics.items())]
+    return " + ".join(parts) or "-"
 
 
 def _roof_text(roof: dict | None) -> str:
@@ -338,8 +360,9 @@ def _cells(row: dict, lst: dict) -> list[str]:
     spill = f"{lst['vgpr_spills']}/{lst['sgpr_spills']}"
     head = [row["kernel"], row["arch"], row["label"]]
     tail = [regs, str(lst["lds_bytes"]), spill, occ]
+    atomics = _atomics_text(lst.get("atomics", {}))
     if loop is None:
-        return head + ["(no MMA loop)", "", "", "", "", ""] + tail + ["", ""]
+        return head + ["(no MMA loop)", "", "", "", "", ""] + tail + ["", "", atomics]
     gload = f"{loop['global_load_bytes']} ({loop['buffer_load_count']}/{loop['global_load_count']})"
     flop_b = loop["mma_flops"] / loop["global_load_bytes"] if loop["global_load_bytes"] else None
     body = [
@@ -347,7 +370,7 @@ def _cells(row: dict, lst: dict) -> list[str]:
         str(loop["valu_count"]), "yes" if loop["exposed_wait"] else "no", str(loop["inner_loops"]),
     ]  # fmt: skip
     ratio = "inf" if flop_b is None else f"{flop_b:.1f}"
-    return head + body + tail + [ratio, _roof_text(lst["roofline"])]
+    return head + body + tail + [ratio, _roof_text(lst["roofline"]), atomics]
 
 
 def format_table(rows: list[dict]) -> str:

@@ -249,6 +249,60 @@ def test_constants_and_workspace_shapes() -> None:
     assert [ix.stage1_ws_up_col(n, 64) for n in range(3)] == [64, 65, 66]
 
 
+def test_every_arch_has_the_packed_atomic_adds() -> None:
+    """What the listings show (test_isa_listing): so "atomic" mode serves every flavour."""
+    from aiter.arch import ARCHS
+
+    assert set(mg.PACKED_ATOMIC_DTYPES) == set(ARCHS)
+    for mma in mg.MMA_FLAVOURS:
+        for dtype in mg.OUT_DTYPES:
+            assert mg.atomic_mode_problem(mma, dtype) is None, (mma, dtype)
+
+
+def test_the_plan_avoids_atomic_mode_without_a_packed_atomic_add(tmp_path, monkeypatch) -> None:
+    """An arch without a packed fp16 atomic add: the planner's default and its fallbacks use
+    "reduce" for fp16 outputs (bf16 keeps "atomic"), and a row naming an atomic stage-2 kernel
+    for them is refused with its file and line."""
+    from aiter import device
+    from aiter.ops.moe import plan as moe_plan
+    from aiter.ops.moe.table import FMOE
+    from aiter.tuning import TableError
+
+    monkeypatch.setitem(mg.PACKED_ATOMIC_DTYPES, "gfx942", (torch.bfloat16,))
+    problem = mg.atomic_mode_problem("mfma", torch.float16)
+    assert problem is not None and "gfx942" in problem and "'reduce'" in problem
+    assert mg.atomic_mode_problem("mfma", torch.bfloat16) is None
+    assert mg.atomic_mode_problem("wmma", torch.float16) is None
+    f16 = moe_plan.MoeShape(2048, 256, 8, 2, "silu", "torch.float16", "torch.float16",
+                            "torch.float16", False, False)  # fmt: skip
+    bf16 = moe_plan.MoeShape(2048, 256, 8, 2, "silu", "torch.bfloat16", "torch.bfloat16",
+                             "torch.bfloat16", False, False)  # fmt: skip
+    assert moe_plan.stage2_modes(f16, "mfma") == ("reduce",)
+    assert moe_plan.stage2_modes(f16, "wmma") == mg.STAGE_MODES
+    assert moe_plan.heuristic_choice(bf16, 300, 304, "mfma").stage2_mode == "atomic"
+    planned = moe_plan.heuristic_choice(f16, 300, 304, "mfma")
+    assert planned.stage2_mode == "reduce"
+    variants = moe_plan.equivalent_choices(planned, f16, 300, 304)
+    assert variants and {v.stage2_mode for v in variants} == {"reduce"}
+
+    cells = dict.fromkeys(FMOE.header, "")
+    cells.update(
+        gfx="gfx942", cu_num="304", token="512", model_dim="2048", inter_dim="256", expert="8",
+        topk="2", act_type="ActivationType.Silu", dtype="torch.float16",
+        q_dtype_a="torch.float16", q_dtype_w="torch.float16", q_type="QuantType.No",
+        use_g1u1="1", doweight_stage1="0", block_m="0", ksplit="0", run_1stage="0",
+        kernelName2="flydsl_moe2_mfma_32x64x64_atomic",
+    )  # fmt: skip
+    path = tmp_path / "fmoe.csv"
+    path.write_text(",".join(FMOE.header) + "\n" + ",".join(cells.values()) + "\n")
+    monkeypatch.setenv(FMOE.env_var, str(path))
+    with device.simulate("gfx942", 304):
+        assert moe_plan.plan(f16, 5).choice.stage2_mode == "reduce"  # no row: the default
+        assert moe_plan.plan(bf16, 300).choice.stage2_mode == "atomic"
+        with pytest.raises(TableError, match=rf"{path}:2: column 'kernelName2': .*gfx942 has no"):
+            moe_plan.plan(f16, 300)
+
+
 # --- the kernels' arithmetic, emulated on CPU --------------------------------------------
 
 
@@ -275,6 +329,7 @@ def _active_expert(routing, bid_block: int, tile_m: int, num_experts: int) -> in
 
 STATS: dict = defaultdict(AccessStats)  # LDS instructions of every emulated work-group
 RACES: list[str] = []
+PACKED_ADDS: Counter = Counter()  # stage 2 "atomic": packed adds per (token, column pair)
 
 
 def _record(wg: WorkGroup) -> None:
@@ -449,8 +504,9 @@ def emulate_stage2(a2, w2_flat, a2_scale, w2_scale, bias2, routing, out, workspa
                    tile, mode, apply_weight, quant, mma="mfma", arch=None):  # fmt: skip
     """moe_stage2 work-group by work-group (then the top-k reduction for "reduce"): the shared
     main loop over the routed rows of a2 and the expert's w2 rows, K = inter (chunks past it
-    load zeros), then per-element atomic adds ("atomic") or fp32 rows staged through LDS and
-    stored as 16-byte runs ("reduce").
+    load zeros), then the rows staged through LDS and read back as 16-byte runs: added into
+    out[token] as packed 2-element atomics in out's dtype ("atomic"; each recorded in
+    PACKED_ADDS by (token, column pair)) or stored as fp32 runs ("reduce").
 
     Returns how many times each element of the destination (out or the workspace) was written."""
     arch = arch or _arch(mma)
@@ -510,37 +566,37 @@ def emulate_stage2(a2, w2_flat, a2_scale, w2_scale, bias2, routing, out, workspa
                     y = _f32(y * float(sorted_weights[origin_m + row]))
                 return y
 
-            if mode == "atomic":  # per element, cast to out's dtype, added in that dtype
-                for wave in range(mx.WAVES_PER_BLOCK):
-                    for i in range(wg.reps_m):
-                        for j in range(wg.reps_n):
-                            for lane in range(wg.wsz):
-                                for e in range(mx.acc_rows_per_lane(mma)):
-                                    acc = _f32(accs[wave][i * wg.reps_n + j][lane][e])
-                                    y = round_to(value_fn(wave, i, j, lane, e, acc), dst.dtype)
-                                    token, _, valid = entries[wg.lane_row(i, lane, e)]
-                                    col = origin_n + wg.lane_col(wave, j, lane)
-                                    if valid and col < model_dim:
-                                        off = token * model_dim + col
-                                        dst_flat[off] = round_to(float(dst_flat[off]) + y,
-                                                                 dst.dtype)  # fmt: skip
-                                        writes[off] += 1
-                _record(wg)
-                continue
+            block_adds: Counter = Counter()  # a block holds each token once: no add collides
 
-            def store(row, col, values, origin_n=origin_n, entries=entries):
+            def store(row, col, values, origin_n=origin_n, entries=entries, block_adds=block_adds):
                 token, slot, valid = entries[row]
                 col = origin_n + col
                 if not (valid and col < model_dim):
                     return
-                assert col + len(values) <= model_dim
-                off = ix.routed_row(token, slot, topk) * model_dim + col
-                dst_flat[off : off + len(values)] = torch.tensor(
-                    values, dtype=torch.float64
-                ).float()
-                writes[off : off + len(values)] += 1
+                assert col + len(values) <= model_dim  # a run never crosses model_dim
+                if mode == "reduce":
+                    off = ix.routed_row(token, slot, topk) * model_dim + col
+                    dst_flat[off : off + len(values)] = torch.tensor(
+                        values, dtype=torch.float64
+                    ).float()
+                    writes[off : off + len(values)] += 1
+                    return
+                # Packed adds: each a whole 32-bit word (an even element) of row `token`,
+                # both halves added in out's dtype.
+                for c in ix.atomic_pair_starts(len(values)):
+                    off = token * model_dim + col + c
+                    assert off % ix.ATOMIC_PAIR == 0 and col + c + ix.ATOMIC_PAIR <= model_dim
+                    PACKED_ADDS[(token, (col + c) // ix.ATOMIC_PAIR)] += 1
+                    block_adds[(token, col + c)] += 1
+                    for h in range(ix.ATOMIC_PAIR):
+                        y = values[c + h]
+                        dst_flat[off + h] = round_to(float(dst_flat[off + h]) + y, dst.dtype)
+                        writes[off + h] += 1
 
-            wg.stage_and_store(accs, value_fn, torch.float32, store)
+            # "atomic" stages out's dtype (the cast before the add), "reduce" fp32.
+            wg.stage_and_store(accs, value_fn, dst.dtype, store)
+            wg.lds.barrier()  # the kernel's end: the race check sees the staging phase
+            assert max(block_adds.values(), default=0) <= 1
             _record(wg)
     if mode == "reduce":
         out_writes = emulate_topk_reduce(workspace, out, topk)
@@ -600,6 +656,18 @@ def emulate_topk_reduce(workspace, out, topk: int):
     writes = torch.zeros(out.numel(), dtype=torch.int32)
     writes.index_put_((idx,), torch.ones_like(idx, dtype=torch.int32), accumulate=True)
     return writes.view(out.shape)
+
+
+def _expected_packed_adds(rows_per_token: list[int], model_dim: int) -> Counter:
+    """Stage 2 "atomic": each routed row adds every column pair of its token's row once."""
+    return Counter(
+        {
+            (token, pair): rows
+            for token, rows in enumerate(rows_per_token)
+            if rows
+            for pair in range(model_dim // ix.ATOMIC_PAIR)
+        }
+    )
 
 
 def _routed_pairs(topk_ids, expert_mask, num_local_tokens, num_global):
@@ -749,6 +817,7 @@ def test_emulated_layer_matches_the_reference(case: dict) -> None:
         a2, a2_scale = out1, None
     out = torch.zeros(m, d, dtype=out_dtype)
     ws2 = torch.zeros(mg.stage2_workspace_shape(m, topk, d)) if case["mode"] == "reduce" else None
+    PACKED_ADDS.clear()
     writes2 = emulate_stage2(
         a2.float(), w2_kernel.float().reshape(-1), a2_scale, w2_scale, bias2, routing, out, ws2,
         topk=topk, tile=tile, mode=case["mode"], apply_weight=not case["doweight"], quant=quant,
@@ -757,7 +826,10 @@ def test_emulated_layer_matches_the_reference(case: dict) -> None:
     if case["mode"] == "reduce":
         assert torch.equal(writes2, pairs.reshape(-1, 1).to(torch.int32).expand(-1, d))
     else:
-        assert torch.equal(writes2, pairs.sum(dim=1, dtype=torch.int32)[:, None].expand(-1, d))
+        per_token = pairs.sum(dim=1, dtype=torch.int32)
+        assert torch.equal(writes2, per_token[:, None].expand(-1, d))
+        # One packed add per routed row and column pair, nothing else.
+        assert dict(PACKED_ADDS) == _expected_packed_adds(per_token.tolist(), d)
 
     ref = fused_moe_reference(
         hidden_ref, w1_ref, w2_ref, topk_weights, topk_ids, activation=case["activation"],
@@ -890,6 +962,7 @@ def test_emulated_work_groups_are_bit_exact(stage, arch, dtype, tile, m, d, inte
     out_dtype = torch.bfloat16 if quant else dtype
     RACES.clear()
     STATS.clear()
+    PACKED_ADDS.clear()
     if stage == 1:
         x = _small_ints(gen, (m, d), dtype)
         w1 = _small_ints(gen, (e, 2 * inter, d), dtype)
@@ -936,6 +1009,13 @@ def test_emulated_work_groups_are_bit_exact(stage, arch, dtype, tile, m, d, inte
         )  # fmt: skip
         if option == "reduce":
             assert torch.equal(ws, ref_ws)
+        else:
+            entries = routing[0][: int(routing[3][0])].long()
+            token, slot = ix.entry_token(entries), ix.entry_slot(entries)
+            routed_tokens = token[ix.entry_valid(token, slot, m, topk)]
+            per_token = torch.bincount(routed_tokens, minlength=m).to(torch.int32)
+            assert torch.equal(writes, per_token[:, None].expand(-1, d))
+            assert dict(PACKED_ADDS) == _expected_packed_adds(per_token.tolist(), d)
         assert torch.equal(out, ref_out)
     routed = int((routing[0][: int(routing[3][0])] & 0xFFFFFF < m).sum())
     assert int(writes.sum()) == routed * (inter if stage == 1 else d)
@@ -1180,18 +1260,20 @@ def test_layer_numerics_on_gpu(mode: str) -> None:
 
 ARCH_MMA = {"gfx942": ("mfma", "float8_e4m3fnuz"), "gfx950": ("mfma", "float8_e4m3fn"),
             "gfx1250": ("wmma", "float8_e4m3fn")}  # fmt: skip
-# stage, fp8, tile, ksplit (stage 1) or mode (stage 2), inter. Stage 1: ksplit 1 is
+# stage, fp8, tile, ksplit (stage 1) or mode (stage 2), inter, out dtype. Stage 1: ksplit 1 is
 # silu/separated with bias, ksplit 2 swiglu/interleave with bias and doweight; stage 2: atomic
-# with bias and weight, reduce without. The child launches the odd configs on FakeTensors. The
-# last three are gpt-oss-120b shards: column tiles past inter (stage 1) and stage 2's K tail.
+# with bias and weight, reduce without. The child launches the odd configs on FakeTensors.
+# Configs 4-6 are gpt-oss-120b shards: column tiles past inter (stage 1) and stage 2's K tail;
+# the last adds fp16 rows (bf16 inputs: the MMA is the bf16 one).
 COMPILED = [
-    (1, False, (32, 64, 64), 1, 128),
-    (1, True, (16, 128, 128), 2, 128),
-    (2, False, (64, 128, 64), "atomic", 128),
-    (2, True, (32, 64, 128), "reduce", 128),
-    (1, False, (16, 128, 64), 1, 360),
-    (2, False, (16, 64, 64), "atomic", 360),
-    (2, True, (32, 128, 128), "atomic", 720),
+    (1, False, (32, 64, 64), 1, 128, "bfloat16"),
+    (1, True, (16, 128, 128), 2, 128, "bfloat16"),
+    (2, False, (64, 128, 64), "atomic", 128, "bfloat16"),
+    (2, True, (32, 64, 128), "reduce", 128, "bfloat16"),
+    (1, False, (16, 128, 64), 1, 360, "bfloat16"),
+    (2, False, (16, 64, 64), "atomic", 360, "bfloat16"),
+    (2, True, (32, 128, 128), "atomic", 720, "bfloat16"),
+    (2, False, (32, 128, 64), "atomic", 128, "float16"),
 ]
 # The jit functions (cache directory prefixes) each config compiles.
 JIT_NAMES = {
@@ -1202,7 +1284,10 @@ JIT_NAMES = {
     4: ["moe_stage1"],
     5: ["moe_stage2"],
     6: ["moe_stage2"],
+    7: ["moe_stage2"],
 }
+# The packed atomic add stage 2's "atomic" mode issues, by out dtype (every arch has both).
+PACKED_ATOMIC = {"bfloat16": "global_atomic_pk_add_bf16", "float16": "global_atomic_pk_add_f16"}
 MNEMONIC = {
     ("gfx942", False): "v_mfma_f32_16x16x16_bf16",
     ("gfx950", False): "v_mfma_f32_16x16x32_bf16",
@@ -1227,7 +1312,7 @@ dump = Path(sys.argv[5]) if sys.argv[5] else None
 keep = Path(sys.argv[6])
 m, d, e, topk = 37, 256, 4, 2
 results = []
-for idx, (stage, quant, tile, option, inter) in enumerate(configs):
+for idx, (stage, quant, tile, option, inter, out_name) in enumerate(configs):
     # Even configs launch on CPU tensors, odd ones on FakeTensors on "cuda" (the AOT builder's).
     fake = idx % 2 == 1
     device = "cuda" if fake else "cpu"
@@ -1256,7 +1341,7 @@ for idx, (stage, quant, tile, option, inter) in enumerate(configs):
             scales = dict(a2_scale=empty(m * topk, 1), w2_scale=empty(e, d, 1)) if quant else {}
             mg.launch_moe_stage2(
                 empty(m * topk, inter, dtype=dtype), empty(e, d, inter, dtype=dtype), *routing,
-                empty(m, d, dtype=torch.bfloat16), topk=topk, tile=tile, mode=option,
+                empty(m, d, dtype=getattr(torch, out_name)), topk=topk, tile=tile, mode=option,
                 apply_weight=option == "atomic", mma=mma,
                 bias2=empty(e, d) if option == "atomic" else None,
                 workspace=empty(m * topk, d) if option == "reduce" else None, **scales)
@@ -1354,11 +1439,13 @@ def test_disassembly_uses_the_arch_mma(compiled: dict) -> None:
 @pytest.mark.slow
 def test_isa_listing(listed: dict) -> None:
     """FlyDSL's ISA listing of every kernel: the arch and wave size, the MMA of the GEMM
-    kernels, the exponential of the activation, and atomics exactly where the design has them."""
+    kernels, the exponential of the activation, and atomics exactly where the design has them:
+    stage 2's "atomic" mode adds only through the packed bf16/fp16 atomic of its out dtype (no
+    compare-and-swap loop), and only where the arch has it."""
     arch = listed["arch"]
     mma, _ = ARCH_MMA[arch]
     wave = mx.WAVE_SIZE[mma]
-    for idx, ((stage, quant, _, option, _), result) in enumerate(
+    for idx, ((stage, quant, _, option, _, out_name), result) in enumerate(
         zip(COMPILED, listed["results"], strict=True)
     ):
         kernels = {name.removesuffix("_kernel"): path for name, path in result["isa"].items()}
@@ -1380,3 +1467,13 @@ def test_isa_listing(listed: dict) -> None:
             atomics = re.findall(r"global_atomic_\w+", text)
             wants_atomics = (name == "moe_stage1" and option != 1) or option == "atomic"
             assert bool(atomics) == wants_atomics, (idx, name, sorted(set(atomics)))
+            if name == "moe_stage2":
+                assert "cmpswap" not in text, (idx, sorted(set(atomics)))
+            if name == "moe_stage2" and option == "atomic":
+                assert out_name in (str(t).removeprefix("torch.") for t in
+                                    mg.PACKED_ATOMIC_DTYPES[arch]), (idx, arch)  # fmt: skip
+                assert set(atomics) == {PACKED_ATOMIC[out_name]}, (idx, sorted(set(atomics)))
+                # Per lane: every staged 16-byte run of its tile_m rows, one add per word.
+                tile_m, tile_n, _ = COMPILED[idx][2]
+                runs = tile_m // mx.MMA_MN * mx.out_store_passes(tile_n, 2, mma)
+                assert len(atomics) == runs * mx.CHUNK_BYTES // 4, (idx, len(atomics))

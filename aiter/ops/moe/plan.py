@@ -9,6 +9,8 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+import torch
+
 from aiter import device, dispatch
 from aiter.ops.moe import host_planner as moe_host
 from aiter.ops.moe import table as moe_table
@@ -20,7 +22,7 @@ OP = "fused_moe"
 # a quantized (fp8, 64-wide k-blocks) or plain (bf16/fp16, 32-wide k-blocks) kernel prefers.
 DEFAULT_TILE_N = 64
 DEFAULT_TILE_K = {False: 64, True: 128}
-DEFAULT_STAGE2_MODE = "atomic"
+DEFAULT_STAGE2_MODE = "atomic"  # "reduce" where the output dtype has no packed atomic add
 KSPLITS = (1, 2, 4)  # the stage-1 K splits the C++ planner chooses from, and fallbacks try
 
 
@@ -117,6 +119,28 @@ def describe(choice: MoeChoice) -> str:
     return f"{choice.stage1_name}+{choice.stage2_name} ksplit={choice.ksplit}"
 
 
+def atomic_problem(shape: MoeShape, mma: str) -> str | None:
+    """Why stage 2 cannot run in "atomic" mode for `shape`'s output dtype (the activations')
+    on the archs of `mma`, or None (see stages.PACKED_ATOMIC_DTYPES)."""
+    from aiter.ops.moe.kernels.stages import atomic_mode_problem
+
+    return atomic_mode_problem(mma, getattr(torch, shape.dtype.removeprefix("torch.")))
+
+
+def stage2_modes(shape: MoeShape, mma: str) -> tuple[str, ...]:
+    """The stage-2 modes that can serve `shape` on the archs of `mma`."""
+    from aiter.ops.moe.kernels.stages import STAGE_MODES
+
+    problem = atomic_problem(shape, mma)
+    return tuple(m for m in STAGE_MODES if m != "atomic" or problem is None)
+
+
+def default_stage2_mode(shape: MoeShape, mma: str) -> str:
+    """DEFAULT_STAGE2_MODE, or "reduce" where it cannot serve `shape` (atomic_problem)."""
+    modes = stage2_modes(shape, mma)
+    return DEFAULT_STAGE2_MODE if DEFAULT_STAGE2_MODE in modes else "reduce"
+
+
 def heuristic_choice(shape: MoeShape, tokens: int, cu_num: int, mma: str) -> MoeChoice:
     """The C++ planner's block size and K split, the default tiles and stage-2 mode."""
     block_m = moe_host.moe_block_m(tokens, shape.topk, shape.experts, shape.inter_dim, cu_num)
@@ -124,15 +148,16 @@ def heuristic_choice(shape: MoeShape, tokens: int, cu_num: int, mma: str) -> Moe
         tokens, shape.topk, shape.experts, shape.model_dim, shape.inter_dim, block_m, cu_num
     )
     default = GemmTile(block_m, DEFAULT_TILE_N, DEFAULT_TILE_K[shape.quantized])
-    return MoeChoice(mma, block_m, default, default, ksplit, DEFAULT_STAGE2_MODE)
+    return MoeChoice(mma, block_m, default, default, ksplit, default_stage2_mode(shape, mma))
 
 
 def equivalent_choices(
     choice: MoeChoice, shape: MoeShape, tokens: int, cu_num: int
 ) -> list[MoeChoice]:
     """Kernel sets that compute what `choice` computes, in the order a fallback tries them:
-    `choice`'s tiles with each K split of KSPLITS in its stage-2 mode, then in the other mode,
-    then the planner's choice (`choice` itself left out).
+    `choice`'s tiles with each K split of KSPLITS in its stage-2 mode, then in the other mode
+    (when it can serve `shape`: stage2_modes), then the planner's choice (`choice` itself left
+    out).
 
     Stage 1's K split only blocks the model_dim sum (fp32 partials, the activation after);
     stage 2's modes add the same weighted rows, atomically into the output (each addition
@@ -140,9 +165,8 @@ def equivalent_choices(
     sorted rows. Inputs and outputs are the same for all of them, the result equal up to the
     order and rounding of those additions, as between two tuned rows.
     """
-    from aiter.ops.moe.kernels.stages import STAGE_MODES
-
-    modes = (choice.stage2_mode, *(m for m in STAGE_MODES if m != choice.stage2_mode))
+    others = (m for m in stage2_modes(shape, choice.mma) if m != choice.stage2_mode)
+    modes = (choice.stage2_mode, *others)
     variants = [
         dataclasses.replace(choice, ksplit=ksplit, stage2_mode=mode)
         for mode in modes
@@ -201,7 +225,9 @@ def plan(shape: MoeShape, tokens: int) -> MoePlan:
     """What serves `tokens` tokens of `shape` on the current device; nothing is reported yet.
 
     Raises NotImplementedError when the device's MMA flavour has no MoE kernels, TableError
-    naming the row when its choices contradict each other or the kernels.
+    naming the row when its choices contradict each other or the kernels (a stage-2 kernel in
+    "atomic" mode where the output dtype has no packed atomic add among them). Without a row's
+    stage-2 kernel the mode is default_stage2_mode's.
     """
     from aiter.ops.moe.kernels.stages import STAGE_TILES
 
@@ -216,7 +242,7 @@ def plan(shape: MoeShape, tokens: int) -> MoePlan:
     block_m = row.int("block_m") if row is not None else 0
     ksplit = row.int("ksplit") if row is not None else 0
     tile1 = tile2 = None
-    mode = DEFAULT_STAGE2_MODE
+    mode = default_stage2_mode(shape, mma)
     if row is not None:
         for stage, column in ((1, "kernelName1"), (2, "kernelName2")):
             if not row[column]:
@@ -229,6 +255,8 @@ def plan(shape: MoeShape, tokens: int) -> MoePlan:
                 raise _row_error(
                     row, column, f"tile_m {tile.tile_m} differs from the row's block_m {block_m}"
                 )
+            if stage_mode == "atomic" and (problem := atomic_problem(shape, mma)) is not None:
+                raise _row_error(row, column, f"{row[column]!r}: {problem}")
             block_m = tile.tile_m
             if stage == 1:
                 tile1 = tile

@@ -18,15 +18,18 @@ import flydsl.expr as fx
 import torch
 from flydsl.expr import const_expr, range_constexpr, rocdl
 
+from aiter.arch import ARCHS
 from aiter.ops.moe.kernels.sorting_index import MAX_TOKENS, MAX_TOPK
 from aiter.ops.moe.kernels.stages_index import (
     ACTIVATIONS,
+    ATOMIC_PAIR,
     ELEMENTWISE_BLOCK,
     GATE_MODES,
     MODEL_DIM_MULTIPLE,
     SWIGLU_ALPHA,
     SWIGLU_LIMIT,
     activate,
+    atomic_pair_starts,
     block_active,
     elementwise_grid,
     elementwise_index,
@@ -75,11 +78,13 @@ __all__ = [
     "MMA_FLAVOURS",
     "MODEL_DIM_MULTIPLE",
     "OUT_DTYPES",
+    "PACKED_ATOMIC_DTYPES",
     "STAGE_MODES",
     "STAGE_TILES",
     "SWIGLU_ALPHA",
     "SWIGLU_LIMIT",
     "WORKSPACE_DTYPE",
+    "atomic_mode_problem",
     "inter_dim_multiple",
     "launch_moe_stage1",
     "launch_moe_stage2",
@@ -108,6 +113,14 @@ STAGE_TILES: dict[str, tuple[GemmTile, ...]] = {
 }
 MMA_FLAVOURS = tuple(STAGE_TILES)
 STAGE_MODES = ("atomic", "reduce")
+# The bf16/fp16 outputs each arch has a packed atomic add for (global_atomic_pk_add_bf16 /
+# _f16, read from the stage-2 listings; test_isa_listing holds every arch to it). "atomic"
+# mode adds through them only: a 16-bit scalar atomic add is a compare-and-swap loop.
+PACKED_ATOMIC_DTYPES: dict[str, tuple[torch.dtype, ...]] = {
+    "gfx942": (torch.bfloat16, torch.float16),
+    "gfx950": (torch.bfloat16, torch.float16),
+    "gfx1250": (torch.bfloat16, torch.float16),
+}
 WORKSPACE_DTYPE = torch.float32
 A16_DTYPES = (torch.bfloat16, torch.float16)
 FP8_DTYPES = (torch.float8_e4m3fnuz, torch.float8_e4m3fn)
@@ -115,6 +128,19 @@ FP8_DTYPES = (torch.float8_e4m3fnuz, torch.float8_e4m3fn)
 OUT_DTYPES = (torch.bfloat16, torch.float16)
 
 _LOG2E = 1.4426950408889634
+
+
+def atomic_mode_problem(mma: str, out_dtype: torch.dtype) -> str | None:
+    """Why stage 2's "atomic" mode cannot add `out_dtype` rows on every arch of the MMA flavour
+    (as with tiles, what a flavour offers holds on all its archs), or None."""
+    for name, info in ARCHS.items():
+        if info.mma == mma and out_dtype not in PACKED_ATOMIC_DTYPES.get(name, ()):
+            return (
+                f"{name} has no packed {out_dtype} atomic add (global_atomic_pk_add), so stage "
+                "2's 'atomic' mode is not offered there; use 'reduce'"
+            )
+    return None
+
 
 # The main loop is the shared one; around it sit the routing (A's rows are the sorted block's
 # tokens, read once per copied row through the Pipeline hooks), the expert's weight rows and
@@ -269,6 +295,16 @@ def _stage2_tile(acc, x_scales, weights, w_scale, bias, quant: bool, has_bias: b
     if const_expr(apply_weight):
         y = y * weights
     return y
+
+
+def _atomic_add_run(ptr, values, out_bytes: int):
+    """Add a staged 16-byte run of bf16/fp16 into out at ptr, one packed 2-element atomic per
+    32-bit word (global_atomic_pk_add_bf16/_f16; a 16-bit scalar add is a compare-and-swap
+    loop). The run starts at an even column of a row of even length, so each pair is a whole
+    word; the raw pointer has no alignment of its own, so LLVM takes the pair's natural 4."""
+    for c in atomic_pair_starts(mx.CHUNK_BYTES // out_bytes):
+        pair = values.shuffle(values, [c + h for h in range_constexpr(ATOMIC_PAIR)])
+        fx.atomic_add((ptr + c).llvm_ptr, pair, syncscope=rocdl.SyncScope.Agent)
 
 
 @flyc.kernel
@@ -575,9 +611,10 @@ def moe_stage2_kernel(
 ):
     """Block (x, y) computes tile_n columns of model_dim for the rows of sorted block y through
     the shared main loop (A = the routed rows of a2, gathered; B = the expert's w2 rows of the
-    block's columns) and adds them into out[token] ("atomic", per element) or stores them to the
-    fp32 workspace row ("reduce", 16 rows per wave staged through LDS, 16-byte stores); with
-    k_tail, inter ends inside its last k-block and the chunks past it load zeros."""
+    block's columns), stages them through LDS (16 rows per wave) and adds each 16-byte run into
+    out[token] as packed 2-element atomics ("atomic") or stores it to the fp32 workspace row
+    ("reduce"); with k_tail, inter ends inside its last k-block and the chunks past it load
+    zeros."""
     block = fx.block_idx.y
     out_bytes = mainloop.element_bytes(out.dtype)
     lds = mainloop.allocate_lds(
@@ -633,43 +670,33 @@ def moe_stage2_kernel(
         weight_buf = fx.get_iter(sorted_weights) + fx.Int64(origin_m)
         pout = fx.get_iter(out)
         dim64 = fx.Int64(model_dim)
-        if const_expr(mode == "atomic"):
-            # Each routed row cast to out's dtype and added per element (a block holds each
-            # token once, so its adds never collide with each other).
-            for i in range_constexpr(p.reps_m):
-                entries, x_scales, weights = _row_values(
-                    p, sid, i, tile_m, m, topk, scale_buf, weight_buf, True, quant, apply_weight
-                )
-                for j in range_constexpr(p.reps_n):
-                    y = _stage2_tile(accs[i * p.reps_n + j], x_scales, weights, w_scales[j],
-                                     biases[j], quant, has_bias, apply_weight)  # fmt: skip
-                    y_out = y.to(out.dtype)
-                    gcol = origin_n + mainloop.lane_col(p, j)
-                    for e in range_constexpr(mx.acc_rows_per_lane(mma)):
-                        token, _, valid = entries[e]
-                        off = matrix_offset(fx.Int64(token), fx.Int64(gcol), dim64)
-                        if valid & (gcol < model_dim):
-                            fx.atomic_add(pout + off, y_out[e], syncscope=rocdl.SyncScope.Agent)
-        else:
-            out_lds = fx.recast_iter(out.dtype, lds)
-            fx.barrier()  # every wave is done reading the A stage the staging areas reuse
-            for i in range_constexpr(p.reps_m):
-                _, x_scales, weights = _row_values(
-                    p, sid, i, tile_m, m, topk, scale_buf, weight_buf, True, quant, apply_weight
-                )
-                row_tiles = [
-                    _stage2_tile(accs[i * p.reps_n + j], x_scales, weights, w_scales[j],
-                                 biases[j], quant, has_bias, apply_weight)
-                    for j in range_constexpr(p.reps_n)
-                ]  # fmt: skip
-                mainloop.stage_out_rows(p, row_tiles, out_lds, out.dtype)
-                for values, row16, col, real in mainloop.staged_runs(p, out_lds, out.dtype):
-                    token, slot, valid = _entry(sid, i * mx.MMA_MN + row16, tile_m, m, topk)
-                    gcol = origin_n + col
-                    off = matrix_offset(
-                        fx.Int64(routed_row(token, slot, topk)), fx.Int64(gcol), dim64
-                    )
-                    if real & valid & (gcol < model_dim):
+        # 16 rows per wave through its LDS staging area (reusing the A stage), read back as
+        # 16-byte runs of consecutive columns of one row (wholly inside or past model_dim):
+        # "atomic" adds a run into out[token] a column pair at a time (a block holds each token
+        # once, so its adds never collide with each other), "reduce" stores it to the routed row.
+        out_lds = fx.recast_iter(out.dtype, lds)
+        fx.barrier()  # every wave is done reading the A stage the staging areas reuse
+        for i in range_constexpr(p.reps_m):
+            _, x_scales, weights = _row_values(
+                p, sid, i, tile_m, m, topk, scale_buf, weight_buf, True, quant, apply_weight
+            )
+            row_tiles = [
+                _stage2_tile(accs[i * p.reps_n + j], x_scales, weights, w_scales[j],
+                             biases[j], quant, has_bias, apply_weight)
+                for j in range_constexpr(p.reps_n)
+            ]  # fmt: skip
+            mainloop.stage_out_rows(p, row_tiles, out_lds, out.dtype)
+            for values, row16, col, real in mainloop.staged_runs(p, out_lds, out.dtype):
+                token, slot, valid = _entry(sid, i * mx.MMA_MN + row16, tile_m, m, topk)
+                gcol = origin_n + col
+                dst_row = routed_row(token, slot, topk)
+                if const_expr(mode == "atomic"):
+                    dst_row = token
+                off = matrix_offset(fx.Int64(dst_row), fx.Int64(gcol), dim64)
+                if real & valid & (gcol < model_dim):
+                    if const_expr(mode == "atomic"):
+                        _atomic_add_run(pout + off, values, out_bytes)
+                    else:
                         fx.ptr_store(values, pout + off)
 
 
@@ -1022,15 +1049,19 @@ def launch_moe_stage2(
       1 <= topk <= 127. 32-bit byte offsets: M * topk * inter * elem_bytes and
       model_dim * inter * elem_bytes < 2**31 - 16.
     - The GEMM: the shared main loop; A's rows (the routed rows of a2) go through LDS, each
-      wave streams the w2 rows of its tile_n / 4 columns; "reduce" stores 16-byte fp32 runs
-      staged through LDS, "atomic" adds per element from the accumulators.
+      wave streams the w2 rows of its tile_n / 4 columns; the epilogue stages 16 rows per wave
+      through LDS and reads them back as 16-byte runs: "reduce" stores fp32 runs, "atomic" adds
+      each bf16/fp16 run as packed 2-element atomics (global_atomic_pk_add_bf16/_f16, one
+      32-bit word each; out's start must be 4-byte aligned, as torch's allocations are).
     - Routing as for launch_moe_stage1 (tile.tile_m MUST equal the sorting block size; inactive
       blocks, blocks of experts outside [0, E) and padding rows store nothing).
     - bias2 float32 [E, model_dim] or None, added after the scales and before the weight.
     - apply_weight: multiply by sorted_weights of the row (pass not doweight_stage1).
     - out [M, model_dim]: bfloat16 or float16. mode "atomic": out must be ZEROED by the caller;
-      each routed row is cast to out's dtype and added with atomic adds in that dtype (rows of
-      tokens routed nowhere stay zero); workspace is ignored. mode "reduce": workspace float32
+      each routed row is cast to out's dtype and added with packed atomic adds in that dtype
+      (rows of tokens routed nowhere stay zero); workspace is ignored. Every arch here has them
+      for both dtypes (PACKED_ATOMIC_DTYPES; the planner picks "reduce" where one lacks
+      them). mode "reduce": workspace float32
       stage2_workspace_shape(M, topk, model_dim) = [M * topk, model_dim], ZEROED by the caller;
       the GEMM kernel stores each routed row's fp32 value at row t * topk + k, then
       moe_topk_reduce writes every element of out: out[t] = cast(sum_k workspace[t * topk + k]).

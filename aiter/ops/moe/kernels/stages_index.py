@@ -186,6 +186,18 @@ def stage2_workspace_shape(m: int, topk: int, model_dim: int) -> tuple[int, int]
     return m * topk, model_dim
 
 
+# Stage 2's "atomic" mode adds each 16-byte run of a routed row into out[token] as packed
+# atomics of ATOMIC_PAIR bf16/fp16 elements (one 32-bit word: global_atomic_pk_add_bf16/_f16).
+# A run starts at a multiple of its length, model_dim is a multiple of MODEL_DIM_MULTIPLE, so
+# every pair is a whole word of a row and no add reaches past model_dim.
+ATOMIC_PAIR = 2
+
+
+def atomic_pair_starts(run: int) -> list[int]:
+    """First element (in the run) of each packed add of a run of `run` elements."""
+    return list(range(0, run, ATOMIC_PAIR))
+
+
 def elementwise_grid(count):
     """Blocks of a one-element-per-thread kernel over `count` elements."""
     return (count + ELEMENTWISE_BLOCK - 1) // ELEMENTWISE_BLOCK
