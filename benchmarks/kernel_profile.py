@@ -398,6 +398,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernel", nargs="*", choices=KERNELS, help="default: all")
     parser.add_argument("--json", type=Path, help="write the rows as JSON here")
     parser.add_argument("--keep-listings", type=Path, help="keep the ISA listings here")
+    parser.add_argument(
+        "--sorting", action="store_true",
+        help="also the MoE sorting kernels (benchmarks/sorting_profile.py's tables)",
+    )  # fmt: skip
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -413,6 +417,13 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows))
     if notes:
         print("Not built (unsupported by the kernel module):\n" + "\n".join(notes))
+    if args.sorting:
+        import sorting_profile
+
+        archs = [a.strip() for a in args.arch.split(",") if a.strip()]
+        facts = {arch: sorting_profile.profile_arch(arch) for arch in archs}
+        work = [sorting_profile.work_per_lane(t) for t in sorting_profile.TOKENS]
+        print("\n" + sorting_profile.format_tables(facts, work))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1))
     return 0

@@ -125,7 +125,7 @@ def format_tables(facts: dict[str, dict[str, dict]], work: list[dict]) -> str:
     lines = [
         "Static figures from FlyDSL's ISA listings (nothing ran on a GPU).",
         f"{'kernel':22} {'arch':8} {'VGPR':>5} {'LDS B':>6} {'w/SIMD':>6} {'instr':>6}"
-        f" {'loads':>5} {'stores':>6} {'atomics':>7} {'barriers':>8}  loops (loads/waits per pass)",
+        f" {'loads':>5} {'stores':>6} {'atomics':>7} {'barriers':>8}  loops (loads/s_waitcnt per pass)",
     ]
     for arch, kernels in facts.items():
         for kernel, f in kernels.items():
