@@ -1,7 +1,8 @@
 """Tests of the fp8 flash-attention FlyDSL kernels without a GPU: their index math, the forward
-and split-KV combine kernels emulated on CPU from flash_attn_fp8_index.py against
-torch.nn.functional.scaled_dot_product_attention, the launcher's argument checks, and
-compilation per arch."""
+and split-KV combine kernels emulated on CPU from flash_attn_fp8_index.py (K and V staged
+through LDS, the mask skipped where nothing is masked) against
+torch.nn.functional.scaled_dot_product_attention, the key loop's LDS phases with a race check,
+the launcher's argument checks, and compilation per arch with the key loop's listing."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from aiter import flydsl_bridge as bridge
 from aiter.aot.flydsl.dry_run import dry_run
 from aiter.ops.fmha_fp8.kernels import flash_attn as fa
 from aiter.ops.fmha_fp8.kernels import flash_attn_index as ix
+from aiter.ops.shared.mainloop_index import LDS_BYTES
 from op_tests.compile_child import LIST_THEN_BUILD, compile_env, disassemble_or_skip, run_child
+from op_tests.shared.mainloop_emulation import Lds
 
 FNUZ, FN = torch.float8_e4m3fnuz, torch.float8_e4m3fn
 NEG_INF = float("-inf")
@@ -52,6 +55,11 @@ def test_constants() -> None:
         assert ix.waves_per_block(block_m) * ix.MMA_MN == block_m
         assert ix.block_threads(block_m, "mfma") <= 1024
     assert ix.V_LDS_STRIDE % 8 == 0 and ix.V_LDS_STRIDE >= ix.BLOCK_N
+    assert ix.V_COPY_BYTES == ix.K_COPY_BYTES == ix.IDLE_SLOT_BYTES == 16
+    for d in ix.HEAD_DIMS:
+        assert ix.k_lds_stride(d) % 16 == 0 and d % ix.K_COPY_BYTES == 0
+        assert d % ix.V_PIECE_COLS == 0
+    assert ix.BLOCK_N % ix.V_PIECE_KEYS == 0
     assert ix.BLOCK_N % max(ix.MMA_K.values()) == 0
 
 
@@ -222,24 +230,195 @@ def test_head_dim_runs_cover_a_row_once(mma: str, head_dim: int) -> None:
     assert ix.chunk_run(wsz, True) == (operand if mma == "mfma" else operand // 2)
 
 
+def _k_copies(step: int, threads: int, d: int):
+    """Per thread of a K copy step: (key, first head-dim byte, real) as Python lists."""
+    return [ix.k_copy_piece(step, tid, threads, d, _pick) for tid in range(threads)]
+
+
+def _v_copies(step: int, threads: int, dv: int):
+    return [ix.v_copy_piece(step, tid, threads, dv, _pick) for tid in range(threads)]
+
+
 @pytest.mark.parametrize("mma", fa.MMA_FLAVOURS)
 @pytest.mark.parametrize("block_m", ix.BLOCK_MS)
-@pytest.mark.parametrize("dv", ix.HEAD_DIMS)
-def test_v_staging_covers_the_block_once(mma: str, block_m: int, dv: int) -> None:
+@pytest.mark.parametrize("dim", ix.HEAD_DIMS)
+def test_k_and_v_staging_cover_the_block_once(mma: str, block_m: int, dim: int) -> None:
+    """The threads' real K pieces cover the K tile's bytes once and their V pieces the V tile's
+    bytes once (inside their LDS regions); the rest write only their wave's idle slot."""
     threads = ix.block_threads(block_m, mma)
-    cells = torch.zeros(dv, ix.BLOCK_N, dtype=torch.int32)
-    pieces = set()
+    waves = ix.waves_per_block(block_m)
+    k_base, v_base, idle_base, total = ix.lds_layout(dim, dim, waves)
+    k_cells = torch.zeros(ix.BLOCK_N, dim, dtype=torch.int32)
+    v_cells = torch.zeros(ix.BLOCK_N, dim, dtype=torch.int32)
+    region = torch.zeros(total, dtype=torch.int32)  # 1 K, 2 V, 3 idle
+    for step in range(ix.k_copy_steps(dim, threads)):
+        for tid, (key, col, real) in enumerate(_k_copies(step, threads, dim)):
+            if not real:
+                slot = ix.idle_slot(idle_base, tid // ix.WAVE_SIZE[mma])
+                region[slot : slot + ix.K_COPY_BYTES] = 3
+                continue
+            k_cells[key, col : col + ix.K_COPY_BYTES] += 1
+            off = k_base + ix.k_lds_offset(key, col, dim)
+            assert ix.k_lds_offset(key, col, dim) % ix.K_COPY_BYTES == 0
+            region[off : off + ix.K_COPY_BYTES] = 1
+    for step in range(ix.v_copy_steps(dim, threads)):
+        for key0, col, real in _v_copies(step, threads, dim):
+            if not real:
+                continue
+            assert key0 % ix.V_PIECE_KEYS == 0 and col % ix.V_PIECE_COLS == 0
+            v_cells[key0 : key0 + ix.V_PIECE_KEYS, col : col + ix.V_PIECE_COLS] += 1
+            for c in range(ix.V_PIECE_COLS):
+                off = v_base + ix.v_lds_offset(col + c, key0)
+                assert off % 4 == 0  # one 4-byte LDS word
+                region[off : off + ix.V_PIECE_KEYS] = 2
+    assert torch.equal(k_cells, torch.ones_like(k_cells))
+    assert torch.equal(v_cells, torch.ones_like(v_cells))
+    assert int((region == 1).sum()) == ix.BLOCK_N * dim == int((region == 2).sum())
+    assert set(region[idle_base:].tolist()) <= {0, 3} and int(region[:v_base].eq(2).sum()) == 0
+    assert int(region[v_base:idle_base].eq(1).sum()) == 0
+
+
+def test_idle_loads_fall_outside_every_block_buffer() -> None:
+    """A thread without a piece loads at IDLE_LOAD_OFFSET, past the buffer of any block the
+    launcher accepts (BLOCK_N rows of Hkv x D bytes, Hkv below fa.MAX_KV_HEADS)."""
+    for d in ix.HEAD_DIMS:
+        assert ix.BLOCK_N * (fa.MAX_KV_HEADS - 1) * d <= ix.IDLE_LOAD_OFFSET
+        assert ix.kv_piece_offset(3, 16, 1, 2, d, False, _pick) == ix.IDLE_LOAD_OFFSET
+        assert ix.kv_piece_offset(3, 16, 1, 2, d, True, _pick) == (3 * 2 + 1) * d + 16
+    assert ix.IDLE_LOAD_OFFSET + ix.K_COPY_BYTES < 2**31
+
+
+def test_v_transpose_moves_each_byte_to_its_column() -> None:
+    src = [key * ix.V_PIECE_COLS + col for key in range(4) for col in range(4)]
+    moved = [src[ix.v_transpose_source(i)] for i in range(ix.V_COPY_BYTES)]
+    # Word c holds column c of keys 0..3.
+    assert moved == [key * ix.V_PIECE_COLS + c for c in range(4) for key in range(4)]
+
+
+@pytest.mark.parametrize("arch", sorted(LDS_BYTES))
+def test_lds_fits_every_head_dim(arch: str) -> None:
+    """K and V tiles plus the idle slots fit the arch's LDS for every head dim pair."""
+    waves = max(ix.waves_per_block(b) for b in ix.BLOCK_MS)
+    worst = ix.lds_layout(max(ix.HEAD_DIMS), max(ix.HEAD_DIMS), waves)[3]
+    assert worst <= LDS_BYTES[arch], (arch, worst)
+
+
+def test_k_tile_reads_are_bank_conflict_free() -> None:
+    """The 8 lanes a 16-byte LDS read serves per cycle read 8 consecutive keys at one head-dim
+    offset: the 16-byte row padding puts them in 8 distinct 4-bank groups for every D."""
+    for d in ix.HEAD_DIMS:
+        groups = {ix.k_lds_offset(key, 0, d) // 16 % 8 for key in range(8)}
+        assert len(groups) == 8, d
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize(("sq", "sk"), [(100, 100), (70, 200), (200, 70), (64, 64), (1, 300)])
+def test_block_mask_skipped_only_where_nothing_is_masked(sq, sk, causal) -> None:
+    """A block that skips the mask holds no key any query of the work-group must not see; the
+    blocks crossing the diagonal and the tail block evaluate it."""
+    for block_m in ix.BLOCK_MS:
+        for q_block in range(ix.num_q_blocks(sq, block_m)):
+            q0 = q_block * block_m
+            blocks = ix.kv_blocks(ix.kv_end(q0, block_m, sq, sk, causal, _pick))
+            for kb in range(blocks):
+                kv0 = kb * ix.BLOCK_N
+                pairs = [ix.key_valid(j, i, sq, sk, causal) for i in range(q0, q0 + block_m)
+                         for j in range(kv0, kv0 + ix.BLOCK_N)]  # fmt: skip
+                need = ix.block_needs_mask(kv0, q0, sq, sk, causal)
+                if not need:
+                    assert all(pairs), (q0, kv0)
+                elif kv0 + ix.BLOCK_N <= sk:
+                    # Without a tail, only a causal block on the diagonal masks.
+                    assert causal and kv0 + ix.BLOCK_N - 1 > ix.key_limit(q0, sq, sk)
+    assert not ix.block_needs_mask(0, 64, 128, 128, True)
+    assert ix.block_needs_mask(64, 64, 128, 128, True)
+    assert ix.block_needs_mask(64, 0, 128, 100, False)
+
+
+def _phase_writes(lds: Lds, mma: str, block_m: int, d: int, dv: int) -> None:
+    """Every wave's LDS writes of one key block's K and V copies, instruction by instruction."""
+    wsz = ix.WAVE_SIZE[mma]
+    threads = ix.block_threads(block_m, mma)
+    k_base, v_base, idle_base, _ = ix.lds_layout(d, dv, threads // wsz)
+    for step in range(ix.k_copy_steps(d, threads)):
+        copies = _k_copies(step, threads, d)
+        for w in range(threads // wsz):
+            lane_bytes = []
+            for tid in range(w * wsz, (w + 1) * wsz):
+                key, col, real = copies[tid]
+                idle = ix.idle_slot(idle_base, w)
+                lane_bytes.append(k_base + ix.k_lds_offset(key, col, d) if real else idle)
+            lds.instruction("k_write", w, lane_bytes, ix.K_COPY_BYTES)
     for step in range(ix.v_copy_steps(dv, threads)):
-        for tid in range(threads):
-            key, col = ix.v_copy_piece(step, tid, threads, dv, _pick)
-            pieces.add((key, col))
-            assert 0 <= key < ix.BLOCK_N and col % ix.V_COPY_BYTES == 0
-            offsets = [ix.v_lds_offset(col + i, key) for i in range(ix.V_COPY_BYTES)]
-            assert max(offsets) < ix.v_lds_bytes(dv)
-            cells[col : col + ix.V_COPY_BYTES, key] += 1
-    assert len(pieces) == ix.v_copy_count(dv)
-    assert int(cells.min()) >= 1  # every byte staged; extra copies repeat the last piece
-    assert int((cells > 1).sum()) <= ix.V_COPY_BYTES
+        copies = _v_copies(step, threads, dv)
+        for w in range(threads // wsz):
+            for c in range(ix.V_PIECE_COLS):
+                lane_bytes = []
+                for tid in range(w * wsz, (w + 1) * wsz):
+                    key0, col, real = copies[tid]
+                    off = v_base + ix.v_lds_offset(col + c, key0)
+                    lane_bytes.append(off if real else ix.idle_slot(idle_base, w))
+                lds.instruction("v_write", w, lane_bytes, ix.V_PIECE_KEYS)
+
+
+def _phase_reads(lds: Lds, mma: str, block_m: int, d: int, dv: int) -> None:
+    """Every wave's K operand reads (S^T = K Q^T) and V^T operand reads (P@V) of one block."""
+    wsz = ix.WAVE_SIZE[mma]
+    rpl = ix.acc_rows_per_lane(wsz)
+    k_base, v_base, _, _ = ix.lds_layout(d, dv, ix.waves_per_block(block_m))
+    chunks = ix.full_chunks(d) + ix.has_half_chunk(d)
+    for w in range(ix.waves_per_block(block_m)):
+        for t in range(ix.KEY_TILES):
+            for c in range(chunks):
+                half = c == ix.full_chunks(d)
+                run = ix.chunk_run(wsz, half)
+                for part in range(0, run, 16):  # a 32-byte run is two 16-byte reads
+                    lane_bytes = [
+                        k_base + part + ix.k_lds_offset(ix.operand_key(0, t, lane),
+                                                        ix.chunk_offset(c, lane, wsz, half), d)
+                        for lane in range(wsz)
+                    ]  # fmt: skip
+                    lds.instruction("k_read", w, lane_bytes, min(run, 16))
+        for dt in range(dv // ix.MMA_MN):
+            for t in range(ix.KEY_TILES):
+                lane_bytes = [
+                    v_base + ix.v_lds_offset(ix.operand_value_col(dt, lane),
+                                             ix.acc_key(0, t, lane, 0, wsz))
+                    for lane in range(wsz)
+                ]  # fmt: skip
+                lds.instruction("v_read", w, lane_bytes, rpl)
+
+
+@pytest.mark.parametrize(
+    ("mma", "block_m", "d", "dv"),
+    [("mfma", 64, 128, 128), ("mfma", 128, 192, 128), ("mfma", 64, 96, 160),
+     ("wmma", 64, 256, 64), ("wmma", 128, 160, 96)],
+)  # fmt: skip
+def test_lds_phases_have_no_races(mma: str, block_m: int, d: int, dv: int) -> None:
+    """The key loop's LDS phases, two blocks: barrier, every wave writes its K and V copies,
+    barrier, every wave reads its K and V^T operands. No byte is written by one wave and read
+    or written by another in one phase; the 16-byte K operand reads and the V writes and reads
+    have no bank conflicts (the 8-byte reads of a K half chunk may; the bank model's cycles per
+    kind are printed). Without
+    the barrier between the writes and the reads the check finds the race."""
+    k_base, v_base, idle_base, total = ix.lds_layout(d, dv, ix.waves_per_block(block_m))
+    lds = Lds(total)
+    for _ in range(2):
+        lds.barrier()
+        _phase_writes(lds, mma, block_m, d, dv)
+        lds.barrier()
+        _phase_reads(lds, mma, block_m, d, dv)
+    lds.barrier()
+    assert lds.races == []
+    if not ix.has_half_chunk(d):
+        assert lds.stats["k_read"].extra_cycles == 0
+    assert lds.stats["v_write"].extra_cycles == 0 and lds.stats["v_read"].extra_cycles == 0
+    print({kind: (st.instructions, st.cycles, st.ideal_cycles) for kind, st in lds.stats.items()})
+    racy = Lds(total)
+    _phase_writes(racy, mma, block_m, d, dv)
+    _phase_reads(racy, mma, block_m, d, dv)
+    racy.barrier()
+    assert racy.races
 
 
 def test_offsets_address_the_layouts() -> None:
@@ -290,6 +469,102 @@ def _rows_view(x: torch.Tensor, varlen: bool) -> torch.Tensor:
     return x.float().reshape(-1, x.shape[-2], x.shape[-1]) if not varlen else x.float()
 
 
+def _buffer_gather(flat, base, nbytes, offsets, count):
+    """What buffer loads of `count` fp8 bytes at `offsets` from element `base` return: zeros
+    for a load past the buffer's `nbytes` (the hardware's out-of-range zeros)."""
+    inside = offsets + count <= nbytes
+    idx = torch.where(inside, offsets, 0)[:, None] + torch.arange(count)
+    return torch.where(inside[:, None], flat[(base + idx).clamp(max=flat.numel() - 1)], 0.0)
+
+
+def _stage_block(kf, vf, k_start, kv0, sk, live, hk, d, dv, threads, wsz):
+    """Every thread's K and V copies of the key block at kv0 into a work-group's LDS (one value
+    per byte, NaN where nothing was written), as the kernel's buffer loads and LDS writes do."""
+    waves = threads // wsz
+    hkv = kf.shape[1]
+    k_base, v_base, idle_base, total = ix.lds_layout(d, dv, waves)
+    lds = torch.full((total,), float("nan"))
+    tid = torch.arange(threads)
+    idle = ix.idle_slot(idle_base, tid // wsz)
+    rows = ix.kv_block_rows(kv0, sk, live, _pick)
+    k_flat, v_flat = kf.reshape(-1), vf.reshape(-1)
+    for step in range(ix.k_copy_steps(d, threads)):
+        key, col, real = ix.k_copy_piece(step, tid, threads, d, _where)
+        values = _buffer_gather(
+            k_flat,
+            (k_start + kv0) * hkv * d,
+            rows * hkv * d,
+            ix.kv_piece_offset(key, col, hk, hkv, d, real, _where),
+            ix.K_COPY_BYTES,
+        )
+        off = torch.where(real, k_base + ix.k_lds_offset(key, col, d), idle)
+        lds[off[:, None] + torch.arange(ix.K_COPY_BYTES)] = values
+    order = torch.tensor([ix.v_transpose_source(i) for i in range(ix.V_COPY_BYTES)])
+    for step in range(ix.v_copy_steps(dv, threads)):
+        key0, col, real = ix.v_copy_piece(step, tid, threads, dv, _where)
+        offsets = [ix.kv_piece_offset(key0 + j, col, hk, hkv, dv, real, _where)
+                   for j in range(ix.V_PIECE_KEYS)]  # fmt: skip
+        loaded = torch.cat(
+            [_buffer_gather(v_flat, (k_start + kv0) * hkv * dv, rows * hkv * dv, off,
+                            ix.V_PIECE_COLS) for off in offsets],
+            dim=1,
+        )  # fmt: skip
+        moved = loaded[:, order]
+        for c in range(ix.V_PIECE_COLS):
+            off = torch.where(real, v_base + ix.v_lds_offset(col + c, key0), idle)
+            lds[off[:, None] + torch.arange(ix.V_PIECE_KEYS)] = moved[:, 4 * c : 4 * c + 4]
+    return lds
+
+
+_READS: dict = {}
+
+
+def _operand_reads(mma: str, d: int, dv: int, waves: int):
+    """The LDS bytes a wave's lanes read as K operands ((key, head-dim byte) -> byte) and as V^T
+    operands ((key, value column) -> byte), from the index functions; the same for every
+    wave."""
+    if (mma, d, dv) not in _READS:
+        wsz = ix.WAVE_SIZE[mma]
+        k_base, v_base, _, _ = ix.lds_layout(d, dv, waves)
+        k_map, v_map = {}, {}
+        chunks = ix.full_chunks(d) + ix.has_half_chunk(d)
+        for lane in range(wsz):
+            for t in range(ix.KEY_TILES):
+                key = ix.operand_key(0, t, lane)
+                for c in range(chunks):
+                    half = c == ix.full_chunks(d)
+                    start = ix.chunk_offset(c, lane, wsz, half)
+                    for i in range(ix.chunk_run(wsz, half)):
+                        k_map[(key, start + i)] = k_base + ix.k_lds_offset(key, start, d) + i
+            for dt in range(dv // ix.MMA_MN):
+                col = ix.operand_value_col(dt, lane)
+                for t in range(ix.KEY_TILES):
+                    first = ix.acc_key(0, t, lane, 0, wsz)
+                    for e in range(ix.acc_rows_per_lane(wsz)):
+                        v_map[(first + e, col)] = v_base + ix.v_lds_offset(col, first) + e
+        assert len(k_map) == ix.BLOCK_N * d and len(v_map) == ix.BLOCK_N * dv
+        index = {}
+        for name, table in (("k", k_map), ("v", v_map)):
+            keys = torch.tensor([kk for kk, _ in table])
+            cols = torch.tensor([cc for _, cc in table])
+            index[name] = (keys, cols, torch.tensor(list(table.values())))
+        _READS[(mma, d, dv)] = index
+    return _READS[(mma, d, dv)]
+
+
+def _read_tiles(lds, mma, d, dv, waves):
+    """K [BLOCK_N, D] and V [BLOCK_N, Dv] of the block as the lanes' LDS operand reads see
+    them."""
+    reads = _operand_reads(mma, d, dv, waves)
+    tiles = []
+    for name, cols in (("k", d), ("v", dv)):
+        keys, idx, byte = reads[name]
+        tile = torch.full((ix.BLOCK_N, cols), float("nan"))
+        tile[keys, idx] = lds[byte]
+        tiles.append(tile)
+    return tiles
+
+
 def emulate(q, k, v, descales, softmax_scale, causal, *, block_m, threshold, num_splits,
             interleave, mma, cu_q=None, cu_k=None, max_seqlen_q=None, round_p=True):  # fmt: skip
     """The forward kernel work-group by work-group and key block by key block, then the
@@ -319,7 +594,8 @@ def emulate(q, k, v, descales, softmax_scale, causal, *, block_m, threshold, num
     visits = torch.zeros(hq, rows, kf.shape[0], dtype=torch.int32)
     writes = torch.zeros(rows, hq, dtype=torch.int32)
     ws_writes = torch.zeros(num_splits, rows, hq, dtype=torch.int32)
-    stats = {"rescales": 0, "lazy": 0, "p_max": 0.0}
+    stats = {"rescales": 0, "lazy": 0, "p_max": 0.0, "masked": 0, "unmasked": 0}
+    threads = ix.block_threads(block_m, mma)
     cols = torch.arange(dv)
     waves = torch.arange(ix.waves_per_block(block_m))[:, None]
     lanes = torch.arange(ix.MMA_MN)[None, :]
@@ -340,8 +616,16 @@ def emulate(q, k, v, descales, softmax_scale, causal, *, block_m, threshold, num
         m_used = torch.full((block_m,), NEG_INF)
         l_sum = torch.zeros(block_m)
         o = torch.zeros(block_m, dv)
+        # The first block is loaded before the loop, each next one during the current block.
+        kb_begin, kb_end = kb_range
+        staged = _stage_block(kf, vf, k_start, kb_begin * ix.BLOCK_N, sk, kb_begin < kb_end, hk,
+                              kf.shape[2], dv, threads, wsz)  # fmt: skip
         for kb in range(*kb_range):
             kv0 = kb * ix.BLOCK_N
+            lds = staged
+            staged = _stage_block(kf, vf, k_start, kv0 + ix.BLOCK_N, sk, kb + 1 < kb_end, hk,
+                                  kf.shape[2], dv, threads, wsz)  # fmt: skip
+            k_tile, v_tile = _read_tiles(lds, mma, kf.shape[2], dv, threads // wsz)
             keys = torch.tensor(
                 [
                     ix.acc_key(kv0, t, g * ix.MMA_MN, e, wsz)
@@ -352,9 +636,21 @@ def emulate(q, k, v, descales, softmax_scale, causal, *, block_m, threshold, num
             )
             k_rows = k_start + ix.clamp_index(keys, sk, _where)
             assert int(k_rows.min()) >= 0 and int(k_rows.max()) < kf.shape[0]
-            acc = q_tile @ kf[k_rows, hk].T
+            assert keys.tolist() == list(range(kv0, kv0 + ix.BLOCK_N))
+            # The staged tiles hold the block's keys, zeros past the sequence end.
+            inside = (keys < sk)[:, None]
+            assert torch.equal(k_tile, torch.where(inside, kf[k_rows, hk], 0.0))
+            assert torch.equal(v_tile, torch.where(inside, vf[k_rows, hk], 0.0))
+            acc = q_tile @ k_tile.T
             valid = ix.key_valid(keys[None, :], pos[:, None], sq, sk, causal)
-            scores = torch.where(valid, acc * scale, NEG_INF)
+            if ix.block_needs_mask(kv0, q_block * block_m, sq, sk, causal):
+                scores = torch.where(valid, acc * scale, NEG_INF)
+                stats["masked"] += 1
+            else:
+                # Rows past the sequence may differ; they are never stored.
+                assert bool((valid | ~row_ok[:, None]).all())
+                scores = acc * scale
+                stats["unmasked"] += 1
             m_candidate = torch.maximum(m_used, scores.max(dim=1).values)
             rescale = ix.needs_rescale(m_used, m_candidate, threshold)
             stats["rescales"] += int(rescale.sum())
@@ -368,7 +664,7 @@ def emulate(q, k, v, descales, softmax_scale, causal, *, block_m, threshold, num
             l_sum = l_sum + p.sum(dim=1)
             if round_p:
                 p = p.to(q.dtype).float()
-            o = o + p @ vf[k_rows, hk]
+            o = o + p @ v_tile
             seen = valid & row_ok[:, None]
             r_idx, k_idx = seen.nonzero(as_tuple=True)
             visits[h, (q_start + pos)[r_idx], k_rows[k_idx]] += 1
@@ -894,8 +1190,8 @@ def test_disassembly_uses_the_arch_mma(compiled: dict) -> None:
 @pytest.mark.slow
 def test_isa_listing(compiled: dict) -> None:
     """FlyDSL's ISA listing of every kernel: the arch and wave size, the fp8 MMA, the fp8
-    conversion of P and the LDS staging of V in the forward kernel only, exp2 in both kernels,
-    and no register spills."""
+    conversion of P and the LDS staging of K and V in the forward kernel only (no byte-wide LDS
+    writes anywhere), exp2 in both kernels, and no register spills."""
     arch, mma = compiled["arch"], compiled["mma"]
     wave = ix.WAVE_SIZE[mma]
     for idx, listed in enumerate(compiled["listed"]):
@@ -909,7 +1205,51 @@ def test_isa_listing(compiled: dict) -> None:
             assert (MNEMONIC[mma] in text) == is_fwd, (idx, name)
             assert ("v_wmma" if mma == "mfma" else "v_mfma") not in text, (idx, name)
             assert ("v_cvt_pk_fp8_f32" in text) == is_fwd, (idx, name)
-            assert bool(re.search(r"\bds_(?:write|store)_b8", text)) == is_fwd, (idx, name)
+            # K and V reach LDS in 16- and 4-byte writes, never byte by byte.
+            assert not re.search(r"\bds_(?:write|store)_b8", text), (idx, name)
+            assert bool(re.search(r"\bds_(?:write|store)_b128", text)) == is_fwd, (idx, name)
             assert "v_exp_f32" in text, (idx, name)
             spills = re.findall(r"\.(?:v|s)gpr_spill_count:\s+(\d+)", text)
             assert spills and all(s == "0" for s in spills), (idx, name, spills)
+
+
+@pytest.mark.slow
+def test_key_loop_stages_k_and_v_once_per_work_group(compiled: dict) -> None:
+    """The forward kernel's key loop, per key block: the work-group's loads are its threads'
+    staged copies of the K and V tiles (BLOCK_N x (D + Dv) bytes, plus the repeats of threads
+    without a piece), buffer loads, where every wave used to load the whole K tile itself; two
+    barriers; the loads (the next block's) issued after the second barrier, before the MMAs
+    that follow it, and no wait before the first MMA forces one of them; the listing's LDS is
+    the layout's."""
+    from aiter.flydsl_bridge import listing as L
+
+    mma = compiled["mma"]
+    wsz = ix.WAVE_SIZE[mma]
+    for idx, listed in enumerate(compiled["listed"]):
+        _, _, _, d, dv, block_m, _ = COMPILED[idx]
+        text = Path(listed["isa"]["flash_attn_fp8_fwd_kernel"]).read_text()
+        listing = L.parse_listing(text)
+        loop = L.main_loop(listing)
+        assert loop is not None, idx
+        fig = L.loop_figures(loop, wsz)
+        threads = ix.block_threads(block_m, mma)
+        waves = threads // wsz
+        staged = threads * (ix.k_copy_steps(d, threads) * ix.K_COPY_BYTES
+                            + ix.v_copy_steps(dv, threads) * ix.V_COPY_BYTES)  # fmt: skip
+        assert ix.BLOCK_N * (d + dv) <= staged < ix.BLOCK_N * (d + dv) + threads * 2 * 16
+        assert fig.global_load_bytes * waves == staged, (idx, fig.to_dict())
+        assert fig.global_load_bytes < ix.BLOCK_N * d  # less than one K tile per wave
+        assert fig.buffer_load_count == fig.global_load_count, idx
+        assert fig.barriers == 2, idx
+        assert not fig.exposed_wait, fig.exposed_wait_detail
+        assert not any(re.match(r"ds_(?:write|store)_b8", i.mnemonic) for i in loop.body), idx
+        # The next block's loads stand between the barrier that publishes this block's tiles
+        # and the MMAs that follow it.
+        body = loop.body
+        last_barrier = max(i for i, x in enumerate(body) if x.mnemonic.startswith("s_barrier"))
+        loads = [i for i, x in enumerate(body) if L.vmem_kind(x.mnemonic) == "load"]
+        next_mma = min(i for i, x in enumerate(body) if L.is_mma(x.mnemonic) and i > last_barrier)
+        assert last_barrier < min(loads) and max(loads) < next_mma, (idx, loads, next_mma)
+        per_row = ix.full_chunks(d) * (ix.D_CHUNK // ix.MMA_K[mma]) + ix.has_half_chunk(d)
+        assert fig.mma_count == ix.KEY_TILES * per_row + (dv // ix.MMA_MN) * ix.pv_steps(mma)
+        assert listing.lds_bytes == ix.lds_layout(d, dv, waves)[3], idx

@@ -20,18 +20,22 @@ from aiter.ops.fmha_fp8.kernels.flash_attn_index import (
     BLOCK_N,
     COMBINE_BLOCK,
     HEAD_DIMS,
+    IDLE_LOAD_OFFSET,
+    K_COPY_BYTES,
     KEY_TILES,
     LOG2E,
     MMA_MN,
     V_COPY_BYTES,
+    V_PIECE_COLS,
+    V_PIECE_KEYS,
     WAVE_SIZE,
     acc_key,
     acc_rows_per_lane,
     acc_value_col,
+    block_needs_mask,
     block_threads,
     chunk_offset,
     chunk_run,
-    clamp_index,
     combine_element,
     combine_grid,
     dense_bounds,
@@ -41,11 +45,19 @@ from aiter.ops.fmha_fp8.kernels.flash_attn_index import (
     group_xor_offsets,
     has_half_chunk,
     head_offset,
+    idle_slot,
+    k_copy_count,
+    k_copy_piece,
+    k_copy_steps,
+    k_lds_offset,
     key_valid,
+    kv_block_rows,
     kv_blocks,
     kv_end,
     kv_head,
+    kv_piece_offset,
     lane_group,
+    lds_layout,
     lse_from,
     lse_offset,
     lse_position,
@@ -59,10 +71,11 @@ from aiter.ops.fmha_fp8.kernels.flash_attn_index import (
     safe_row,
     split_range,
     split_workspace_shapes,
+    v_copy_count,
     v_copy_piece,
     v_copy_steps,
-    v_lds_bytes,
     v_lds_offset,
+    v_transpose_source,
     varlen_bounds,
     work_item,
     ws_lse_offset,
@@ -96,13 +109,16 @@ CU_SEQLENS_DTYPE = torch.int32
 MAX_RESCALE_THRESHOLD = 7.0
 # Every 32-bit index the kernels form stays below this (tensor offsets are 64-bit).
 INDEX_LIMIT = 2**31
+# A key block's buffer (BLOCK_N rows of Hkv x D bytes) stays below IDLE_LOAD_OFFSET.
+MAX_KV_HEADS = IDLE_LOAD_OFFSET // (BLOCK_N * max(HEAD_DIMS)) + 1
 
 _NEG_INF = float("-inf")
 
-# Q and K operands come straight from global memory (one contiguous head-dim run per lane, as in
-# the GEMM kernels); each key block of V is staged transposed in LDS by the whole work-group
-# between two barriers. Helpers hold no dynamic `if` or runtime loop: FlyDSL rewrites those only
-# inside kernel functions.
+# Q operands come straight from global memory (one contiguous head-dim run per lane, as in the
+# GEMM kernels). Each key block's K (row-major) and V (transposed) tiles are loaded by the whole
+# work-group one block ahead, kept in registers over the current block's MMAs, and written to
+# LDS between two barriers. Helpers hold no dynamic `if` or runtime loop: FlyDSL rewrites those
+# only inside kernel functions.
 
 
 def _select(cond, a, b):
@@ -159,13 +175,25 @@ def _head_runs(base, row_offset, lane, head_dim: int, mma: str, dtype):
     return operands
 
 
-def _scores(mma: str, pk, k_rows, hk, hkv, head_dim: int, lane, q_ops, dtype):
-    """S^T = K Q^T of one key block: KEY_TILES accumulators (keys x the wave's 16 queries)."""
+def _lds_head_runs(lds_ptr, k_base: int, key, lane, head_dim: int, mma: str):
+    """_head_runs of key `key` of the K tile staged in LDS."""
+    wsz = WAVE_SIZE[mma]
+    operands = []
+    for c in range_constexpr(full_chunks(head_dim) + has_half_chunk(head_dim)):
+        half = c == full_chunks(head_dim)
+        run_ty = fx.Vector.make_type(chunk_run(wsz, half), fx.Uint8)
+        off = k_base + k_lds_offset(key, chunk_offset(c, lane, wsz, half), head_dim)
+        operands += _operands(fx.ptr_load(lds_ptr + off, result_type=run_ty), mma, half)
+    return operands
+
+
+def _scores(mma: str, lds_ptr, k_base: int, head_dim: int, lane, q_ops):
+    """S^T = K Q^T of one key block: KEY_TILES accumulators (keys x the wave's 16 queries),
+    K read from its LDS tile."""
     rpl = acc_rows_per_lane(WAVE_SIZE[mma])
     accs = []
     for t in range_constexpr(KEY_TILES):
-        k_ops = _head_runs(pk, head_offset(k_rows[t], hk, hkv, head_dim), lane, head_dim, mma,
-                           dtype)  # fmt: skip
+        k_ops = _lds_head_runs(lds_ptr, k_base, operand_key(0, t, lane), lane, head_dim, mma)
         acc = fx.Vector.filled(rpl, 0, fx.Float32)
         for s in range_constexpr(len(q_ops)):
             acc = _mma(mma, k_ops[s], q_ops[s], acc)
@@ -211,7 +239,7 @@ def _p_operands(mma: str, probs):
     return ops
 
 
-def _v_operand(mma: str, lds_ptr, d_tile: int, step: int, lane):
+def _v_operand(mma: str, lds_ptr, v_base: int, d_tile: int, step: int, lane):
     """V^T operand of P@V step `step` for value tile d_tile: the lane's value column, and per
     key tile of the step the acc_rows_per_lane keys its P bytes hold, read from LDS."""
     wsz = WAVE_SIZE[mma]
@@ -220,39 +248,101 @@ def _v_operand(mma: str, lds_ptr, d_tile: int, step: int, lane):
     col = operand_value_col(d_tile, lane)
     words = []
     for t in range_constexpr(step * per, (step + 1) * per):
-        off = v_lds_offset(col, acc_key(0, t, lane, 0, wsz))
+        off = v_base + v_lds_offset(col, acc_key(0, t, lane, 0, wsz))
         run = fx.ptr_load(lds_ptr + off, result_type=fx.Vector.make_type(rpl, fx.Uint8))
         bits = run.bitcast(fx.Int32)
         words += [bits[i] for i in range_constexpr(rpl // 4)]
     return _words_operand(mma, words)
 
 
-def _pv_tile(mma: str, lds_ptr, d_tile: int, lane, p_ops, acc):
+def _pv_tile(mma: str, lds_ptr, v_base: int, d_tile: int, lane, p_ops, acc):
     """O^T tile d_tile += V^T P^T over the key block."""
     for s in range_constexpr(pv_steps(mma)):
-        acc = _mma(mma, _v_operand(mma, lds_ptr, d_tile, s, lane), p_ops[s], acc)
+        acc = _mma(mma, _v_operand(mma, lds_ptr, v_base, d_tile, s, lane), p_ops[s], acc)
     return acc
 
 
-def _load_v_pieces(pv, k_start, kv0, seqlen_k, hk, hkv, head_dim_v: int, tid, threads: int,
-                   dtype):  # fmt: skip
-    """The 16-byte pieces of V a thread stages for the key block at kv0, as bytes, with their
-    (key in block, first column). Keys past the sequence end read its last key."""
-    pieces = []
+def _block_buffer(base, k_start, kv0, seqlen_k, live, row_elems):
+    """A buffer over the token rows of the key block at kv0 that exist (kv_block_rows): loads
+    past them return zeros. Its byte count is uniform, which keeps the descriptor in SGPRs."""
+    rows = kv_block_rows(kv0, seqlen_k, live, _select)
+    start = base + fx.Int64(k_start + kv0) * fx.Int64(row_elems)
+    nbytes = fx.Int32(rocdl.readfirstlane(fx.Int32.ir_type, fx.Int32(rows * row_elems)))
+    return rocdl.get_buffer_rsrc(rocdl.make_buffer_ptr(start, fx.Int64(nbytes)))
+
+
+def _buffer_words(rsrc, byte, count: int):
+    """`count` dwords at `byte` of a buffer (zeros out of range), as i32 (count 1) or a
+    vector."""
+    ty = fx.Int32.ir_type if count == 1 else fx.Vector.make_type(count, fx.Int32)
+    return rocdl.raw_ptr_buffer_load(ty, rsrc, fx.Int32(byte), fx.Int32(0), 0)
+
+
+def _k_offsets(tid, threads: int, hk, hkv, head_dim: int):
+    """Byte offsets of a thread's K pieces from a staged block's first token row (fp8)."""
+    offsets = []
+    for step in range_constexpr(k_copy_steps(head_dim, threads)):
+        key, col, real = k_copy_piece(step, tid, threads, head_dim, _select)
+        offsets.append(kv_piece_offset(key, col, hk, hkv, head_dim, real, _select))
+    return offsets
+
+
+def _v_offsets(tid, threads: int, hk, hkv, head_dim_v: int):
+    """Byte offsets of the 4 keys of each of a thread's V pieces from a staged block's first
+    token row."""
+    offsets = []
     for step in range_constexpr(v_copy_steps(head_dim_v, threads)):
-        key, col = v_copy_piece(step, tid, threads, head_dim_v, _select)
-        row = fx.Int64(k_start + clamp_index(kv0 + key, seqlen_k, _select))
-        off = head_offset(row, fx.Int64(hk), fx.Int64(hkv), head_dim_v) + fx.Int64(col)
-        run = load_run(pv, off, V_COPY_BYTES, dtype).bitcast(fx.Uint8)
-        pieces.append((key, col, run))
+        key0, col, real = v_copy_piece(step, tid, threads, head_dim_v, _select)
+        offsets.append([kv_piece_offset(key0 + k, col, hk, hkv, head_dim_v, real, _select)
+                        for k in range_constexpr(V_PIECE_KEYS)])  # fmt: skip
+    return offsets
+
+
+def _load_k_pieces(rsrc, offsets):
+    """The 16-byte K pieces of a thread (buffer loads of 4 dwords)."""
+    return [fx.Vector(_buffer_words(rsrc, off, K_COPY_BYTES // 4)) for off in offsets]
+
+
+def _load_v_pieces(rsrc, offsets):
+    """The 4 keys x 4 columns V pieces of a thread: one dword per key, joined key-major."""
+    pieces = []
+    for keys in offsets:
+        words = [fx.Int32(_buffer_words(rsrc, off, 1)) for off in keys]
+        pieces.append(fx.Vector.from_elements(words, fx.Int32))
     return pieces
 
 
-def _store_v_pieces(lds_ptr, pieces):
-    """Write staged V pieces transposed: byte i of (key, col) goes to column col + i."""
-    for key, col, run in pieces:
-        for i in range_constexpr(V_COPY_BYTES):
-            fx.ptr_store(run[i], lds_ptr + v_lds_offset(col + i, key))
+def _store_k_pieces(lds_ptr, k_base: int, idle, pieces, tid, threads: int, head_dim: int):
+    """Write staged K pieces to their rows of the LDS tile (threads without a piece write to
+    their wave's idle slot)."""
+    for step in range_constexpr(len(pieces)):
+        key, col, real = k_copy_piece(step, tid, threads, head_dim, _select)
+        off = k_base + k_lds_offset(key, col, head_dim)
+        if const_expr((step + 1) * threads > k_copy_count(head_dim)):
+            off = real.select(off, idle)
+        fx.ptr_store(pieces[step].bitcast(fx.Uint8), lds_ptr + off)
+
+
+def _store_v_pieces(lds_ptr, v_base: int, idle, pieces, tid, threads: int, head_dim_v: int):
+    """Transpose each staged V piece in registers (byte permutes) and write it as one 4-byte
+    word of 4 consecutive keys per column (threads without a piece write to the idle slot)."""
+    order = [v_transpose_source(i) for i in range(V_COPY_BYTES)]
+    for step in range_constexpr(len(pieces)):
+        key0, col, real = v_copy_piece(step, tid, threads, head_dim_v, _select)
+        run = pieces[step].bitcast(fx.Uint8)
+        moved = run.shuffle(run, order)
+        for c in range_constexpr(V_PIECE_COLS):
+            word = moved.shuffle(moved, list(range(c * V_PIECE_KEYS, (c + 1) * V_PIECE_KEYS)))
+            off = v_base + v_lds_offset(col + c, key0)
+            if const_expr((step + 1) * threads > v_copy_count(head_dim_v)):
+                off = real.select(off, idle)
+            fx.ptr_store(word, lds_ptr + off)
+
+
+def _scaled_scores(accs, scale):
+    """Per key tile, the lane's scores in log2 units (acc * scale), for a block without masked
+    keys."""
+    return [[acc[e] * scale for e in range_constexpr(len(acc))] for acc in accs]
 
 
 def _masked_scores(accs, scale, kv0, lane, pos, seqlen_q, seqlen_k, causal: bool, wsz: int):
@@ -339,9 +429,11 @@ def flash_attn_fp8_fwd_kernel(
     """One work-group: block_m query rows of one head of one sequence, over its split's key
     blocks (all of them without use_split); one wave per 16 rows.
 
-    Per key block: S^T = K Q^T (fp8 MMA, fp32 acc), scores in log2 units, masks, the block max
-    across the lanes of a query, the lazy rescale (needs_rescale), P = exp2(s - base) rounded to
-    fp8, V staged transposed in LDS, O^T += V^T P^T. Finally out = O * v_descale / l (bf16) and
+    Per key block: its K and V tiles (loaded into registers during the previous block) written
+    to LDS between two barriers, K row-major and V transposed; the next block's loads issued;
+    S^T = K Q^T (fp8 MMA, fp32 acc), scores in log2 units, masks (only in a block that holds a
+    masked key: block_needs_mask), the block max across the lanes of a query, the lazy rescale
+    (needs_rescale), P = exp2(s - base) rounded to fp8, O^T += V^T P^T. Finally out = O * v_descale / l (bf16) and
     lse, or with use_split the unnormalised O and (m, l) into the fp32 workspaces.
     """
     wsz = WAVE_SIZE[mma]
@@ -351,8 +443,10 @@ def flash_attn_fp8_fwd_kernel(
     tid = fx.thread_idx.x
     lane = tid % wsz
     wave = tid // wsz
-    lds_ptr = fx.SharedAllocator().allocate(fx.Array[fx.Uint8, v_lds_bytes(head_dim_v), 16])
+    k_base, v_base, idle_base, lds_total = lds_layout(head_dim, head_dim_v, threads // wsz)
+    lds_ptr = fx.SharedAllocator().allocate(fx.Array[fx.Uint8, lds_total, 16])
     lds_ptr = lds_ptr.peek().ptr
+    idle = idle_slot(idle_base, wave)
 
     q_blocks = num_q_blocks(seqlen_q, block_m)
     b, h, q_block, split = work_item(fx.block_idx.x, batch, hq, q_blocks, interleave)
@@ -390,23 +484,39 @@ def flash_attn_fp8_fwd_kernel(
     else:
         kb_begin, kb_end = fx.Int32(0), blocks
 
+    k_offsets = _k_offsets(tid, threads, hk, hkv, head_dim)
+    v_offsets = _v_offsets(tid, threads, hk, hkv, head_dim_v)
+    any_block = kb_begin < kb_end
+    kv_first = kb_begin * BLOCK_N
+    # (buffer descriptors are not loop-carried values: no name is shared with the loop's)
+    k_next = _load_k_pieces(
+        _block_buffer(pk, k_start, kv_first, sk, any_block, hkv * head_dim), k_offsets
+    )
+    v_next = _load_v_pieces(
+        _block_buffer(pv, k_start, kv_first, sk, any_block, hkv * head_dim_v), v_offsets
+    )
     m_used = fx.Float32(_NEG_INF)
     l_part = fx.Float32(0.0)
     o = [fx.Vector.filled(rpl, 0, fx.Float32) for _ in range_constexpr(d_tiles)]
     for kb in range(kb_begin, kb_end, fx.Int32(1)):
         kv0 = kb * BLOCK_N
-        pieces = _load_v_pieces(pv, k_start, kv0, sk, hk, hkv, head_dim_v, tid, threads, in_dtype)
-        k_rows = [
-            fx.Int64(k_start + clamp_index(operand_key(kv0, t, lane), sk, _select))
-            for t in range_constexpr(KEY_TILES)
-        ]
-        accs = _scores(mma, pk, k_rows, fx.Int64(hk), fx.Int64(hkv), head_dim, lane, q_ops,
-                       in_dtype)  # fmt: skip
-        fx.barrier()  # every wave is done reading the previous block's V
-        _store_v_pieces(lds_ptr, pieces)
+        fx.barrier()  # every wave is done reading the previous block's K and V
+        _store_k_pieces(lds_ptr, k_base, idle, k_next, tid, threads, head_dim)
+        _store_v_pieces(lds_ptr, v_base, idle, v_next, tid, threads, head_dim_v)
         fx.barrier()
+        # The next block's loads fly during this block's MMAs; past the last block they load
+        # nothing (an empty buffer) and are never stored.
+        live = kb + 1 < kb_end
+        k_buf = _block_buffer(pk, k_start, kv0 + BLOCK_N, sk, live, hkv * head_dim)
+        v_buf = _block_buffer(pv, k_start, kv0 + BLOCK_N, sk, live, hkv * head_dim_v)
+        k_next = _load_k_pieces(k_buf, k_offsets)
+        v_next = _load_v_pieces(v_buf, v_offsets)
+        rocdl.sched_barrier(0)  # issued before the block's first MMA, not among them
+        accs = _scores(mma, lds_ptr, k_base, head_dim, lane, q_ops)
 
-        scores = _masked_scores(accs, scale, kv0, lane, pos, sq, sk, causal, wsz)
+        scores = _scaled_scores(accs, scale)
+        if block_needs_mask(kv0, q0, sq, sk, causal):
+            scores = _masked_scores(accs, scale, kv0, lane, pos, sq, sk, causal, wsz)
         m_candidate = fx.max(m_used, _row_max(scores, wsz))
         if needs_rescale(m_used, m_candidate, rescale_threshold):
             factor = _exp2(m_used - m_candidate)
@@ -416,7 +526,8 @@ def flash_attn_fp8_fwd_kernel(
         probs, block_sum = _probabilities(scores, exp_base(m_used, _NEG_INF, _select))
         l_part = l_part + block_sum
         p_ops = _p_operands(mma, probs)
-        o = [_pv_tile(mma, lds_ptr, dt, lane, p_ops, o[dt]) for dt in range_constexpr(d_tiles)]
+        o = [_pv_tile(mma, lds_ptr, v_base, dt, lane, p_ops, o[dt])
+             for dt in range_constexpr(d_tiles)]  # fmt: skip
 
     total = _row_sum(l_part, wsz)
     first_col = [acc_value_col(dt, lane, 0, wsz) for dt in range_constexpr(d_tiles)]
@@ -759,6 +870,8 @@ def launch_flash_attn_fp8(
     _check_head_dim("v", "Dv = v.shape[-1]", dv)
     if hkv < 1 or hq % hkv:
         raise ValueError(f"k: Hq = {hq} must be a multiple of Hkv = {hkv} (GQA)")
+    if hkv >= MAX_KV_HEADS:
+        raise ValueError(f"k: Hkv = {hkv} kv heads; at most {MAX_KV_HEADS - 1} are supported")
     check_tensor("q", q, FP8_DTYPES, q_shape, q_what)
     check_tensor("k", k, (q.dtype,), k_shape, kv_what)
     check_tensor("v", v, (q.dtype,), v_shape, kv_what.replace("D]", "Dv]"))
@@ -791,7 +904,8 @@ def launch_flash_attn_fp8(
     if rows * hq * dv + COMBINE_BLOCK >= INDEX_LIMIT:
         raise ValueError(f"out: rows * Hq * Dv = {rows * hq * dv} is too large for 32-bit indices")
     k_rows = int(k.shape[0]) if varlen else batch * seqlen_k
-    if max(rows, k_rows) >= INDEX_LIMIT:
+    # The key loop forms row indices up to two blocks past a sequence's end.
+    if max(rows, k_rows + 2 * BLOCK_N) >= INDEX_LIMIT:
         raise ValueError(f"q, k: {max(rows, k_rows)} token rows are too many for 32-bit indices")
 
     stand_in = q_descale

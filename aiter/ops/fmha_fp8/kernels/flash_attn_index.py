@@ -17,6 +17,8 @@ tensor and workspace offsets, and the online-softmax and combine rules.
 # B operand of O^T = V^T P^T: a lane's P bytes are the keys its accumulators hold, and the A
 # operand (V^T, staged transposed in LDS) supplies the same keys for one value column. O^T's
 # accumulators then hold, per lane, one query and acc_rows_per_lane consecutive value columns.
+# Each key block's K and V tiles are loaded once per work-group by all its threads, one block
+# ahead of the MMAs (in registers), and written to LDS between two barriers.
 
 # M and N of one MMA instruction (v_mfma_f32_16x16x32_fp8_fp8, v_wmma_f32_16x16x64_fp8_fp8).
 MMA_MN = 16
@@ -35,8 +37,24 @@ D_CHUNK = 64
 # Bytes between consecutive value columns of the transposed V tile in LDS (BLOCK_N keys plus
 # padding; a multiple of 8 so a lane's 4- or 8-byte key runs stay aligned).
 V_LDS_STRIDE = BLOCK_N + 8
-# Bytes of V one thread moves into LDS per copy step.
-V_COPY_BYTES = 16
+# V is staged in pieces of 4 keys x 4 value columns: four 4-byte loads (one per key), transposed
+# in registers into four words of one column's 4 consecutive keys, written as 4-byte LDS words.
+V_PIECE_KEYS = 4
+V_PIECE_COLS = 4
+V_COPY_BYTES = V_PIECE_KEYS * V_PIECE_COLS
+# Pieces of consecutive threads: V_COL_RUN column groups by V_KEY_RUN key groups (v_copy_piece).
+V_COL_RUN = 4
+V_KEY_RUN = 8
+# K is staged row-major in 16-byte pieces; rows are padded by 16 bytes so that the 8 lanes a
+# 16-byte LDS read serves per cycle (8 consecutive keys, one head-dim offset) hit 8 distinct
+# groups of 4 banks.
+K_COPY_BYTES = 16
+K_LDS_PAD = 16
+# Bytes per wave of the slot that copy threads without a piece write to (never read).
+IDLE_SLOT_BYTES = 16
+# Buffer offset of the loads of threads without a piece: past any block's byte count
+# (BLOCK_N rows of Hkv x D bytes).
+IDLE_LOAD_OFFSET = 2**31 - 64
 # Threads per work-group of the combine kernel (one thread per output element).
 COMBINE_BLOCK = 256
 LOG2E = 1.4426950408889634
@@ -248,24 +266,74 @@ def pv_tiles_per_step(mma: str) -> int:
     return MMA_K[mma] // MMA_MN
 
 
-def v_copy_count(head_dim_v: int):
-    """16-byte pieces of one key block of V (BLOCK_N keys x Dv bytes)."""
-    return BLOCK_N * (head_dim_v // V_COPY_BYTES)
+def k_copy_count(head_dim: int) -> int:
+    """16-byte pieces of one key block of K (BLOCK_N keys x D bytes)."""
+    return BLOCK_N * (head_dim // K_COPY_BYTES)
+
+
+def k_copy_steps(head_dim: int, threads: int) -> int:
+    """Copy steps per thread to stage a key block of K."""
+    return (k_copy_count(head_dim) + threads - 1) // threads
+
+
+def k_copy_piece(step: int, tid, threads: int, head_dim: int, select):
+    """(key in the block, first head-dim byte, whether the piece exists) of the 16-byte K piece
+    a thread copies in `step`; a thread past the last piece loads nothing (kv_piece_offset)
+    and writes its wave's idle slot. Consecutive threads take consecutive pieces of a row."""
+    count = k_copy_count(head_dim)
+    piece = step * threads + tid
+    real = piece < count
+    piece = select(real, piece, count - 1)
+    per_key = head_dim // K_COPY_BYTES
+    return piece // per_key, (piece % per_key) * K_COPY_BYTES, real
+
+
+def k_lds_stride(head_dim: int) -> int:
+    return head_dim + K_LDS_PAD
+
+
+def k_lds_offset(key_in_block, d, head_dim: int):
+    """Byte offset of K[key, d] of the staged key block in its row-major LDS tile."""
+    return key_in_block * k_lds_stride(head_dim) + d
+
+
+def k_lds_bytes(head_dim: int) -> int:
+    return BLOCK_N * k_lds_stride(head_dim)
+
+
+def v_copy_count(head_dim_v: int) -> int:
+    """4 x 4 pieces of one key block of V (BLOCK_N keys x Dv bytes)."""
+    return (BLOCK_N // V_PIECE_KEYS) * (head_dim_v // V_PIECE_COLS)
 
 
 def v_copy_steps(head_dim_v: int, threads: int) -> int:
-    """Copy steps per thread to stage a key block of V (the last step's excess threads repeat
-    the last piece: the same bytes to the same LDS addresses)."""
+    """Copy steps per thread to stage a key block of V."""
     return (v_copy_count(head_dim_v) + threads - 1) // threads
 
 
 def v_copy_piece(step: int, tid, threads: int, head_dim_v: int, select):
-    """(key in the block, first value column) of the 16-byte piece a thread copies in `step`."""
+    """(first key in the block, first value column, whether the piece exists) of the 4 x 4
+    piece of V a thread copies in `step`. Within 32 consecutive threads, 4 take consecutive
+    column groups (16 contiguous bytes of a key) and 8 consecutive key groups: their 4-byte LDS
+    words (column stride V_LDS_STRIDE) then fall in 32 distinct banks, where 32 column groups
+    of one key group would share 4."""
     count = v_copy_count(head_dim_v)
     piece = step * threads + tid
-    piece = select(piece < count, piece, count - 1)
-    per_key = head_dim_v // V_COPY_BYTES
-    return piece // per_key, (piece % per_key) * V_COPY_BYTES
+    real = piece < count
+    piece = select(real, piece, count - 1)
+    col_lo = piece % V_COL_RUN
+    key_lo = piece // V_COL_RUN % V_KEY_RUN
+    rest = piece // (V_COL_RUN * V_KEY_RUN)
+    col_hi = rest % (head_dim_v // (V_PIECE_COLS * V_COL_RUN))
+    key_hi = rest // (head_dim_v // (V_PIECE_COLS * V_COL_RUN))
+    key = (key_hi * V_KEY_RUN + key_lo) * V_PIECE_KEYS
+    return key, (col_hi * V_COL_RUN + col_lo) * V_PIECE_COLS, real
+
+
+def v_transpose_source(i: int) -> int:
+    """Byte of a loaded piece (key-major: key * 4 + column) that lands at byte i of the
+    transposed piece (column-major: column * 4 + key)."""
+    return (i % V_PIECE_KEYS) * V_PIECE_COLS + i // V_PIECE_KEYS
 
 
 def v_lds_offset(col, key_in_block):
@@ -275,6 +343,44 @@ def v_lds_offset(col, key_in_block):
 
 def v_lds_bytes(head_dim_v: int) -> int:
     return head_dim_v * V_LDS_STRIDE
+
+
+def lds_layout(head_dim: int, head_dim_v: int, waves: int) -> tuple[int, int, int, int]:
+    """(K tile, V tile, idle slots, total) byte offsets and size of a work-group's LDS."""
+    v_base = k_lds_bytes(head_dim)
+    idle_base = v_base + v_lds_bytes(head_dim_v)
+    return 0, v_base, idle_base, idle_base + waves * IDLE_SLOT_BYTES
+
+
+def idle_slot(idle_base, wave):
+    """Byte offset of a wave's idle slot (several lanes of one wave may write it at once)."""
+    return idle_base + wave * IDLE_SLOT_BYTES
+
+
+def kv_block_rows(kv0, seqlen_k, live, select):
+    """Keys of the staged block at kv0 that exist: the buffer the block is loaded through holds
+    that many token rows from the block's first, so loads of later keys (and of every key when
+    no block is left to load, `live` false) return the hardware's zeros, which masks drop."""
+    rows = select(kv0 + BLOCK_N < seqlen_k, BLOCK_N, seqlen_k - kv0)
+    rows = select(rows > 0, rows, 0)
+    return select(live, rows, 0)
+
+
+def kv_piece_offset(key_in_block, col, head, heads, dim, real, select):
+    """Element offset of x[key, head, col] from the staged block's first token row, or, for a
+    thread without a piece (`real` false), an offset past every block's buffer: its load
+    returns zeros without touching memory."""
+    return select(real, head_offset(key_in_block, head, heads, dim) + col, IDLE_LOAD_OFFSET)
+
+
+def block_needs_mask(kv0, q0, seqlen_q, seqlen_k, causal: bool):
+    """Whether the key block at kv0 holds a key some query of the work-group starting at q0
+    must not see: a key past the sequence end, or with causal a key past the first query's
+    limit. Blocks that do not skip the mask evaluation."""
+    tail = kv0 + BLOCK_N > seqlen_k
+    if not causal:
+        return tail
+    return tail | (kv0 + BLOCK_N - 1 > key_limit(q0, seqlen_q, seqlen_k))
 
 
 # --- online softmax and the split-KV combine ---------------------------------------------------
