@@ -10,6 +10,7 @@ import sys
 
 from setuptools import Command, find_packages, setup
 from setuptools.command.build import build
+from setuptools.command.build_py import build_py
 
 NO_COMPILER = (
     "aiter: building the C++ host planner (csrc/) needs a C++ compiler{}; install one "
@@ -46,6 +47,15 @@ except ImportError:
 # torch: beside an installed aiter (site-packages/torch/lib), else where this build found them
 # (an editable install, whose .so stays in the source tree).
 TORCH_RPATH = ":".join(["$ORIGIN/../torch/lib", *library_paths()])
+
+
+class BuildPyFresh(build_py):
+    """build_py into an empty build/lib/aiter: a module deleted from the sources must not stay in
+    the wheel (the shared helpers' directory digest is in every kernel's cache key)."""
+
+    def run(self) -> None:
+        shutil.rmtree(os.path.join(self.build_lib, "aiter"), ignore_errors=True)
+        super().run()
 
 
 class BuildFlydslCache(Command):
@@ -92,7 +102,11 @@ setup(
             extra_link_args=[f"-Wl,-rpath,{TORCH_RPATH}"],
         )
     ],
-    cmdclass={"build_ext": BuildExtension, "build_flydsl_cache": BuildFlydslCache},
+    cmdclass={
+        "build_py": BuildPyFresh,
+        "build_ext": BuildExtension,
+        "build_flydsl_cache": BuildFlydslCache,
+    },
     install_requires=[
         # Exactly the release whose CPU build the Makefile installs first, so pip never swaps it
         # for another (multi-GB) build.
