@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from aiter.ops.moe.kernels import sorting as ms
 from aiter.ops.moe.kernels import sorting_index as ix
 from op_tests.compile_child import compile_env, run_child
-from op_tests.shared.mainloop_emulation import Lds
+from op_tests.shared.mainloop_emulation import Lds, fast_first
 
 ARCHS = ("gfx942", "gfx950", "gfx1250")
 WAVE_SIZE = {"gfx942": 64, "gfx950": 64, "gfx1250": 32}
@@ -468,12 +468,18 @@ EDGE_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", EDGE_CASES + _random_cases(110, seed=7))
+# A block-by-block emulation costs about half a second a case: the small edge cases run in the
+# inner loop, the multi-chunk ones and the random ones in `make test`.
+@pytest.mark.parametrize(
+    "case", fast_first([(c,) for c in EDGE_CASES + _random_cases(110, seed=7)], 16)
+)
 def test_emulation_matches_reference_and_contract(case) -> None:
     run_case(*case)
 
 
-@pytest.mark.parametrize("case", EDGE_CASES[:4] + EDGE_CASES[15:18] + _random_cases(20, seed=8))
+@pytest.mark.parametrize(
+    "case", fast_first([(c,) for c in EDGE_CASES[:4] + EDGE_CASES[15:18] + _random_cases(20, 8)], 2)
+)
 def test_wave32_emulation_matches_reference(case) -> None:
     """gfx1250's wave32: eight waves of a block, 32-lane ballots."""
     run_case(*case, wave_size=32)
@@ -525,6 +531,7 @@ def test_repeated_expert_overflow_is_capped() -> None:
     assert sum(buffers[0].writes) == 46
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(
     m=st.integers(1, 60),
