@@ -54,7 +54,10 @@ class BuildPyFresh(build_py):
     the wheel (the shared helpers' directory digest is in every kernel's cache key)."""
 
     def run(self) -> None:
-        shutil.rmtree(os.path.join(self.build_lib, "aiter"), ignore_errors=True)
+        target = os.path.abspath(os.path.join(self.build_lib, "aiter"))
+        source = os.path.abspath(os.path.join(os.path.dirname(__file__), "aiter"))
+        if not getattr(self, "editable_mode", False) and target != source:
+            shutil.rmtree(target, ignore_errors=True)
         super().run()
 
 
