@@ -38,8 +38,10 @@ CHILD_TIMEOUT = 1800
 
 # --- configurations --------------------------------------------------------------------------
 
-A16W16_TILES = ((128, 128, 64), (64, 128, 32), (16, 64, 32), (256, 128, 64))
-BPRESHUFFLE_TILES = ((128, 128, 128), (64, 128, 64))  # largest and a middle one
+# The big tiles, a middle one and the decode tiles the heuristic picks for M <= 32 (256 bytes
+# of K per row).
+A16W16_TILES = ((128, 128, 64), (64, 128, 32), (16, 64, 32), (256, 128, 64), (16, 64, 128))
+BPRESHUFFLE_TILES = ((128, 128, 128), (64, 128, 64), (16, 64, 256))
 BLOCKSCALE_TILES = ((128, 128, 128), (64, 128, 128))
 GEMM_MNK = (512, 512, 1024)
 MOE_SIZES = dict(m=256, model_dim=1024, inter=512, experts=8, topk=2)
@@ -68,6 +70,31 @@ def default_configs(arch: str) -> list[dict]:
         dict(kernel="conv3d", tile=(128, 128, 2, 2, 1), dtype="bfloat16"),
     ]
     return [dict(cfg, mma=mma, tile=list(cfg["tile"])) for cfg in configs]
+
+
+def registry_configs(arch: str, tile_ks: set[int]) -> list[dict]:
+    """Every tile the registries offer `arch` whose tile_k is in `tile_ks`, for checking the
+    register and LDS budget's estimate against the compiler: a16w16 in bf16, bpreshuffle and
+    blockscale in fp8, both MoE stages in bf16 and fp8 (the GEMM kernels' widest operands)."""
+    from aiter.ops.gemm.kernels import a8w8, a16w16
+    from aiter.ops.moe.kernels import stages
+
+    info = ARCHS[arch]
+    mma, fp8 = info.mma, info.fp8_dtype_name
+    registries = [
+        ("a16w16", a16w16.SUPPORTED_TILES, ("bfloat16",)),
+        ("a8w8_bpreshuffle", a8w8.BPRESHUFFLE_TILES, (fp8,)),
+        ("a8w8_blockscale", a8w8.BLOCKSCALE_TILES, (fp8,)),
+        ("moe_stage1", stages.STAGE_TILES, ("bfloat16", fp8)),
+        ("moe_stage2", stages.STAGE_TILES, ("bfloat16", fp8)),
+    ]
+    return [
+        dict(kernel=kernel, tile=[t.tile_m, t.tile_n, t.tile_k], dtype=dtype, mma=mma)
+        for kernel, tiles, dtypes in registries
+        for t in tiles.get(mma, ())
+        if t.tile_k in tile_ks
+        for dtype in dtypes
+    ]
 
 
 def not_built(arch: str) -> list[str]:
@@ -402,6 +429,11 @@ def main(argv: list[str] | None = None) -> int:
         "--sorting", action="store_true",
         help="also the MoE sorting kernels (benchmarks/sorting_profile.py's tables)",
     )  # fmt: skip
+    parser.add_argument(
+        "--registry-tiles", metavar="TILE_KS",
+        help="instead of the representative configs, every registry tile with one of these "
+        "comma-separated tile_k values (e.g. 128,256)",
+    )  # fmt: skip
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -409,9 +441,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     rows, notes = [], []
     for arch in (a.strip() for a in args.arch.split(",") if a.strip()):
-        configs = [
-            c for c in default_configs(arch) if not args.kernel or c["kernel"] in args.kernel
-        ]
+        if args.registry_tiles:
+            configs = registry_configs(arch, {int(k) for k in args.registry_tiles.split(",")})
+        else:
+            configs = default_configs(arch)
+        configs = [c for c in configs if not args.kernel or c["kernel"] in args.kernel]
         rows += profile_configs(arch, configs, args.keep_listings)
         notes += [f"  {arch}: {note}" for note in not_built(arch)]
     print(format_table(rows))

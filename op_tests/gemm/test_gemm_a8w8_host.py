@@ -34,8 +34,9 @@ ALL_BP_TILES = ", ".join(
     f"{m}x{n}x{k}"
     for m in (16, 32, 64, 128, 256)
     for n in (64, 128, 256)
-    for k in (64, 128)
+    for k in (64, 128, 256)
     if (m, n, k) != (256, 256, 128)  # over the register budget
+    and (m, k) != (256, 256)  # a 64 KiB A stage: over MAX_A_STAGE_BYTES
 )
 ALL_BS_TILES = ", ".join(f"{m}x{n}x128" for m in (16, 32, 64, 128, 256) for n in (64, 128))
 FAMILY_TILES = [
@@ -175,25 +176,40 @@ def test_unsupported_tile(family, mma: str, tile: str, supported: str) -> None:
     )
 
 
-# --- heuristic on a8w8 tiles (tile_k 64 or 128) ---
+@pytest.mark.parametrize("mma", ["mfma", "wmma"])
+@pytest.mark.parametrize("tile, reason", [
+    ("256x64x256", "stages 65536 bytes of A per k-tile: over 32768, the kernel runs out of SGPRs"),
+    ("256x256x128", "needs about 432 VGPRs per lane (estimate)"),
+])  # fmt: skip
+def test_a_tile_that_does_not_fit_is_refused_with_the_reason(mma, tile, reason) -> None:
+    if mma == "wmma" and "VGPRs" in reason:
+        reason = "needs about 864 VGPRs per lane (estimate)"
+    name = f"{BP}_{mma}_{tile}"
+    with pytest.raises(ValueError) as info:
+        config.BPRESHUFFLE.parse_kernel_name(name, mma)
+    assert str(info.value).startswith(f"{name!r}: the tile does not fit: it {reason}")
+
+
+# --- heuristic on a8w8 tiles (tile_k 64, 128 or 256) ---
 
 
 @pytest.mark.parametrize(
     "family, m, n, k, cu_num, expected_tile, expected_split",
     [
         # tile_m 16 >= 1; n=128: 1 x 32 blocks < 304, n=64: 1 x 64 < 304 -> narrowest 64;
-        # 128 | 4096. Split: 64 blocks, 32 k-tiles: 2 (128, 16), 4 (256, 8), not 8 (512 > 304).
-        (config.BPRESHUFFLE, 1, 4096, 4096, 304, (16, 64, 128), 4),
+        # A decode tile takes 256 bytes of K per row: 256 | 4096. Split: 64 blocks, 16 k-tiles:
+        # 2 (128, 8), 4 (256, 4), not 8 (512 > 304).
+        (config.BPRESHUFFLE, 1, 4096, 4096, 304, (16, 64, 256), 4),
         # tile_m 128 >= 100; n=128: 1 x 64 = 64 < 80, n=64: 1 x 128 >= 80 -> 64;
         # 192 = 1.5 x 128, 3 x 64 -> tile_k 64. Split: 128 blocks x 2 > 80 -> 1.
         (config.BPRESHUFFLE, 100, 8192, 192, 80, (128, 64, 64), 1),
         # tile_m 256 (capped); n=256: 16 x 16 = 256 < 304 blocks, n=128: 512 >= 304. The
         # output fills the GPU.
         (config.BPRESHUFFLE, 4096, 4096, 8192, 304, (256, 128, 128), 1),
-        # tile_m 16; 1 x 20 blocks of n=64; 128 | 8192. 20 blocks, 64 k-tiles: 2, 4, 8 all fit
-        # (160 <= 304, 64 // 8 = 8 >= 4): MAX_SPLIT_K.
-        (config.BPRESHUFFLE, 3, 1280, 8192, 304, (16, 64, 128), 8),
-        # 5 k-tiles of 128: a split of 2 would leave 2 < 4 each.
+        # tile_m 16; 1 x 20 blocks of n=64; 256 | 8192. 20 blocks, 32 k-tiles: 2, 4, 8 all fit
+        # (160 <= 304, 32 // 8 = 4 >= 4): MAX_SPLIT_K.
+        (config.BPRESHUFFLE, 3, 1280, 8192, 304, (16, 64, 256), 8),
+        # 256 does not divide 640, 128 does: 5 k-tiles, a split of 2 would leave 2 < 4 each.
         (config.BPRESHUFFLE, 3, 320, 640, 304, (16, 64, 128), 1),
         # tile_m 64 >= 33; n=128: 56 blocks, n=64: 112, both < 304 -> 64; tile_k is always 128.
         # 112 blocks, 56 k-tiles: 2 (224 <= 304, 28 >= 4), not 4 (448 > 304).
@@ -315,10 +331,10 @@ def _check_split_k_buffers(m, n, record, request, launch) -> None:
 @pytest.mark.parametrize(
     "m, row_m, tile, split_k",
     [
-        # Row M=1, 16x64x128, splitK 0: 20 blocks, 64 k-tiles -> 8 (160 <= 304).
-        (1, 1, (16, 64, 128), 8),
-        # M=20 is in the bucket [17, 32] of row M=32 (32x64x128): 20 blocks -> 8.
-        (20, 32, (32, 64, 128), 8),
+        # Row M=1, 16x64x256, splitK 0: 20 blocks, 32 k-tiles -> 8 (160 <= 304, 4 each).
+        (1, 1, (16, 64, 256), 8),
+        # M=20 is in the bucket [17, 32] of row M=32 (32x64x256): 20 blocks -> 8.
+        (20, 32, (32, 64, 256), 8),
         # Row M=256 (256x64x128): 1 x 20 = 20 blocks: 40, 80, 160 <= 304, 64 k-tiles -> 8.
         (200, 256, (256, 64, 128), 8),
         # Row M=4096 (256x64x128): 16 x 20 = 320 blocks >= 304 -> 1.
@@ -375,9 +391,9 @@ def test_split_k_changes_inside_one_bucket_through_the_entry(run) -> None:
     "m, n, k, kernel, split_k",
     [
         # The tabled Llama shape, but int8 is another q_dtype_w: untuned.
-        # 16x64x128 (1 x 20 blocks < 304), 64 k-tiles -> 8.
-        (3, 1280, 8192, f"{BP}_mfma_16x64x128", 8),
-        # 16x64x128; 5 k-tiles -> 1.
+        # 16x64x256 (1 x 20 blocks < 304), 32 k-tiles -> 8.
+        (3, 1280, 8192, f"{BP}_mfma_16x64x256", 8),
+        # 16x64x128 (256 does not divide 640); 5 k-tiles -> 1.
         (3, 320, 640, f"{BP}_mfma_16x64x128", 1),
         # 64 | 192, 128 does not: tile_k 64. tile_m 128 >= 100; 1 x 3 blocks of n=64 -> 64.
         # 3 blocks, 3 k-tiles -> 1.
@@ -928,14 +944,14 @@ def test_bpreshuffle_on_gfx1250_plans_wmma_kernels() -> None:
             1280,
             8192,
         )
-    # Row M=32 (wmma 32x64x128): 20 blocks, 64 k-tiles: 2, 4, 8 fit (160 <= 256) -> 8.
-    assert (served.choice.name, served.choice.split_k) == (f"{BP}_wmma_32x64x128", 8)
+    # Row M=32 (wmma 32x64x256): 20 blocks, 32 k-tiles: 2, 4, 8 fit (160 <= 256) -> 8.
+    assert (served.choice.name, served.choice.split_k) == (f"{BP}_wmma_32x64x256", 8)
     assert served.row.line == int(
         default_row_ref(A8W8_BPRESHUFFLE, "gfx1250,256,32,1280,8192,").rsplit(":", 1)[1]
     )
     assert (untuned.row, untuned.choice.name, untuned.choice.split_k) == (
         None,
-        f"{BP}_wmma_32x64x128",
+        f"{BP}_wmma_32x64x256",
         8,
     )
 

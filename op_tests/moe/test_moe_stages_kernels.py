@@ -243,7 +243,7 @@ def test_constants_and_workspace_shapes() -> None:
     assert mg.stage1_workspace_shape(5, 3, 64) == (15, 128)
     assert mg.stage2_workspace_shape(5, 3, 256) == (15, 256)
     for mma in mg.MMA_FLAVOURS:
-        assert len(mg.STAGE_TILES[mma]) == 12
+        assert len(mg.STAGE_TILES[mma]) == 17
     # The stage-1 workspace keeps gate at column n and up at inter + n whatever the gate mode.
     assert [ix.stage1_ws_gate_col(n) for n in range(3)] == [0, 1, 2]
     assert [ix.stage1_ws_up_col(n, 64) for n in range(3)] == [64, 65, 66]

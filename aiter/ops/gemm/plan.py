@@ -38,6 +38,12 @@ from aiter.tuning import Row, TableError, TableSpec
 
 MAX_SPLIT_K = 8
 MIN_K_TILES_PER_SPLIT = 4  # a split shorter than this costs more in reduction than it saves
+# Bytes of K one k-tile row may span in the heuristic: 128 (bf16 tile_k 64, fp8 128) keeps the
+# registers of big tiles low; decode shapes (tile_m <= SMALL_TILE_M) are memory-bound and take
+# 256 (bf16 128, fp8 256) for more loads in flight per iteration, as FlyDSL's tuning guide says.
+K_TILE_BYTES = 128
+SMALL_TILE_M = 32
+SMALL_M_K_TILE_BYTES = 256
 SPLIT_KS = tuple(1 << i for i in range(MAX_SPLIT_K.bit_length()))  # 1, 2, 4, 8: what fallbacks try
 # launch_gemm_a16w16 indexes out and its split-K workspace in 32 bits: M * N + 255 < 2**31.
 A16W16_MAX_MN = 2**31 - REDUCE_BLOCK
@@ -137,7 +143,9 @@ class KernelFamily:
 
         tile_m: the smallest supported tile_m >= M (capped at the largest), so small-M decode
         shapes waste no rows. tile_n: the widest supported tile_n that still gives at least one
-        block per CU, else the narrowest. tile_k: the largest supported tile_k dividing K.
+        block per CU, else the narrowest. tile_k: the largest supported tile_k dividing K whose
+        rows span at most K_TILE_BYTES (SMALL_M_K_TILE_BYTES when tile_m <= SMALL_TILE_M), else
+        the smallest of those.
         """
         tiles = self.tiles[mma]
         tile_ms = sorted({t.tile_m for t in tiles})
@@ -148,8 +156,10 @@ class KernelFamily:
             if _ceil_div(m, tile_m) * _ceil_div(n, tn) >= cu_num:
                 tile_n = tn
                 break
+        row_bytes = SMALL_M_K_TILE_BYTES if tile_m <= SMALL_TILE_M else K_TILE_BYTES
+        fitting = {t.tile_k for t in tiles if t.tile_m == tile_m and t.tile_n == tile_n}
         tile_ks = sorted(
-            {t.tile_k for t in tiles if t.tile_m == tile_m and t.tile_n == tile_n}, reverse=True
+            {tk for tk in fitting if tk * self.elem_bytes <= row_bytes} or fitting, reverse=True
         )
         tile_k = next((tk for tk in tile_ks if k % tk == 0), tile_ks[-1])
         return type(tiles[0])(tile_m, tile_n, tile_k)

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 K_BLOCK = mx.k_block(2)
 # Tiles the kernel is written for; SUPPORTED_TILES keeps those that fit every arch of a flavour.
-CANDIDATE_TILES = tile_grid((16, 32, 64, 128, 256), (64, 128, 256), (32, 64))
+CANDIDATE_TILES = tile_grid((16, 32, 64, 128, 256), (64, 128, 256), (32, 64, 128, 256))
 
 
 def tile_problem(tile: GemmTile, mma: str) -> str | None:

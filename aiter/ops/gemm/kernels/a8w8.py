@@ -30,8 +30,19 @@ A8W8Tile = GemmTile  # the a8w8 kernels take the same tiles
 K_BLOCK = mx.k_block(1)
 
 
+# Compiled, 256x64x256 and 256x128x256 (a 64 KiB A stage) spill 33 to 40 SGPRs into VGPR lanes
+# on gfx942 and gfx1250; every 8-bit tile with a stage of 32 KiB or less compiles without.
+MAX_A_STAGE_BYTES = 32 * 1024
+
+
 def bpreshuffle_tile_problem(tile: A8W8Tile, mma: str) -> str | None:
     """Why a tile does not fit the arch's LDS or registers, or None."""
+    stage = mx.a_stage_bytes(tile.tile_m, tile.tile_k, 1)
+    if stage > MAX_A_STAGE_BYTES:
+        return (
+            f"stages {stage} bytes of A per k-tile: over {MAX_A_STAGE_BYTES}, the kernel runs out "
+            "of SGPRs"
+        )
     return mx.budget_problem(tile.tile_m, tile.tile_n, tile.tile_k, 1, 4, mma)
 
 
@@ -52,12 +63,13 @@ def blockscale_tile_problem(tile: A8W8Tile, mma: str) -> str | None:
                              extra_vgprs)  # fmt: skip
 
 
-BPRESHUFFLE_CANDIDATES = tile_grid((16, 32, 64, 128, 256), (64, 128, 256), (64, 128))
+BPRESHUFFLE_CANDIDATES = tile_grid((16, 32, 64, 128, 256), (64, 128, 256), (64, 128, 256))
 BPRESHUFFLE_TILES: dict[str, tuple[A8W8Tile, ...]] = {
     mma: tuple(t for t in BPRESHUFFLE_CANDIDATES if bpreshuffle_tile_problem(t, mma) is None)
     for mma in ("mfma", "wmma")
 }
-# One scale block per k-tile; there is no gfx1250 (WMMA) blockscale kernel.
+# One scale block per k-tile (the kernel applies one x and one w scale per k-tile, so tile_k is
+# the scale block); there is no gfx1250 (WMMA) blockscale kernel.
 BLOCKSCALE_CANDIDATES = tile_grid((16, 32, 64, 128, 256), (64, 128), (SCALE_BLOCK,))
 BLOCKSCALE_TILES: dict[str, tuple[A8W8Tile, ...]] = {
     "mfma": tuple(t for t in BLOCKSCALE_CANDIDATES if blockscale_tile_problem(t, "mfma") is None)

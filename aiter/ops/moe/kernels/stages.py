@@ -93,7 +93,7 @@ __all__ = [
 ]
 
 # tile_m is the sorting block size (block_m); tile_k is a multiple of both k-blocks (32, 64).
-CANDIDATE_TILES = tile_grid((16, 32, 64), (64, 128), (64, 128))
+CANDIDATE_TILES = tile_grid((16, 32, 64), (64, 128), (64, 128, 256))
 
 
 def tile_problem(tile: GemmTile, mma: str) -> str | None:
