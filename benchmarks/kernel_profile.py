@@ -1,5 +1,6 @@
-"""Static ISA profile of the repository's GEMM-shaped kernels: per main-loop iteration per wave,
-what the compiled code loads, stages through LDS and multiplies, from FlyDSL's ISA listings.
+"""Static ISA profile of the repository's GEMM-shaped kernels and the fp8 attention forward: per
+main-loop iteration per wave (a k-tile, or a key block for attention), what the compiled code
+loads, stages through LDS and multiplies, from FlyDSL's ISA listings.
 
     .venv/bin/python benchmarks/kernel_profile.py [--arch gfx942,gfx950,gfx1250]
         [--kernel a16w16 ...] [--json PATH] [--keep-listings DIR]
@@ -32,7 +33,9 @@ sys.path.insert(0, str(REPO))
 from aiter.arch import ARCHS  # noqa: E402
 from aiter.flydsl_bridge import listing as isa  # noqa: E402
 
-KERNELS = ("a16w16", "a8w8_bpreshuffle", "a8w8_blockscale", "moe_stage1", "moe_stage2", "conv3d")
+GEMM_KERNELS = ("a16w16", "a8w8_bpreshuffle", "a8w8_blockscale", "moe_stage1", "moe_stage2",
+                "conv3d")  # fmt: skip
+KERNELS = (*GEMM_KERNELS, "fmha_fp8")
 MARK = "@@kernel_profile "  # prefix of the child's result lines (FlyDSL prints to stdout too)
 CHILD_TIMEOUT = 1800
 
@@ -47,6 +50,9 @@ GEMM_MNK = (512, 512, 1024)
 MOE_SIZES = dict(m=256, model_dim=1024, inter=512, experts=8, topk=2)
 MOE_STAGE2_MODE = "atomic"  # a config's "mode" when it names none (the planner's default)
 CONV_SHAPES = dict(x=(2, 64, 8, 16, 16), w=(128, 64, 3, 3, 3), padding=1)
+# fp8 attention: (block_m, D, Dv) per config, causal, no split; the main loop is the key loop.
+FMHA_TILES = ((128, 128, 128), (64, 128, 128), (128, 192, 128), (128, 256, 256), (64, 256, 256))
+FMHA_SIZES = dict(batch=2, seqlen_q=512, seqlen_k=512, heads=8, kv_heads=2)
 
 
 def default_configs(arch: str) -> list[dict]:
@@ -69,6 +75,7 @@ def default_configs(arch: str) -> list[dict]:
         dict(kernel="conv3d", tile=(64, 64, 2, 2, 1), dtype="bfloat16"),
         dict(kernel="conv3d", tile=(128, 128, 2, 2, 1), dtype="bfloat16"),
     ]
+    configs += [dict(kernel="fmha_fp8", tile=t, dtype=fp8) for t in FMHA_TILES]
     return [dict(cfg, mma=mma, tile=list(cfg["tile"])) for cfg in configs]
 
 
@@ -109,6 +116,8 @@ def config_label(cfg: dict) -> str:
     shape = "x".join(str(t) for t in tile[:3])
     if cfg["kernel"] == "conv3d":
         shape = f"{tile[0]}x{tile[1]} w{tile[2]}x{tile[3]}"
+    if cfg["kernel"] == "fmha_fp8":
+        shape = f"bm{tile[0]} d{tile[1]}x{tile[2]}"
     short = {"bfloat16": "bf16", "float16": "f16", "int8": "i8"}
     mode = f" {cfg['mode']}" if cfg.get("mode", MOE_STAGE2_MODE) != MOE_STAGE2_MODE else ""
     return f"{shape} {short.get(cfg['dtype'], 'fp8')}{mode}"
@@ -202,6 +211,22 @@ def _launch_conv3d(cfg: dict, dtype) -> None:
     )  # fmt: skip
 
 
+def _launch_fmha(cfg: dict, dtype) -> None:
+    import torch
+
+    from aiter.ops.fmha_fp8.kernels import flash_attn as fa
+
+    s = FMHA_SIZES
+    block_m, d, dv = cfg["tile"]
+    b, sq, sk, hq, hkv = s["batch"], s["seqlen_q"], s["seqlen_k"], s["heads"], s["kv_heads"]
+    fa.launch_flash_attn_fp8(
+        _empty(b, sq, hq, d, dtype=dtype), _empty(b, sk, hkv, d, dtype=dtype),
+        _empty(b, sk, hkv, dv, dtype=dtype), _empty(b, sq, hq, dv, dtype=torch.bfloat16),
+        _empty(b, hq, sq), _empty(1), _empty(1), _empty(1), softmax_scale=d**-0.5, causal=True,
+        block_m=block_m, rescale_threshold=6.0, num_kv_splits=1, interleave=True, mma=cfg["mma"],
+    )  # fmt: skip
+
+
 _LAUNCHERS = {
     "a16w16": _launch_a16w16,
     "a8w8_bpreshuffle": _launch_a8w8,
@@ -209,6 +234,7 @@ _LAUNCHERS = {
     "moe_stage1": _launch_moe,
     "moe_stage2": _launch_moe,
     "conv3d": _launch_conv3d,
+    "fmha_fp8": _launch_fmha,
 }
 
 

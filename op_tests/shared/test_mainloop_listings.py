@@ -55,8 +55,13 @@ BF16_MMA = {
 @pytest.fixture(scope="module", params=ARCHS)
 def profiled(request, tmp_path_factory) -> tuple[str, list[dict]]:
     arch = request.param
+    configs = [
+        c
+        for c in kernel_profile.default_configs(arch)
+        if c["kernel"] in kernel_profile.GEMM_KERNELS
+    ]
     rows = kernel_profile.profile_configs(
-        arch, kernel_profile.default_configs(arch), tmp_path_factory.mktemp(f"listings_{arch}")
+        arch, configs, tmp_path_factory.mktemp(f"listings_{arch}")
     )
     return arch, rows
 
