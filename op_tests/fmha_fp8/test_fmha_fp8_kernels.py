@@ -315,7 +315,8 @@ def test_k_tile_reads_are_bank_conflict_free() -> None:
 @pytest.mark.parametrize(("sq", "sk"), [(100, 100), (70, 200), (200, 70), (64, 64), (1, 300)])
 def test_block_mask_skipped_only_where_nothing_is_masked(sq, sk, causal) -> None:
     """A block that skips the mask holds no key any query of the work-group must not see; the
-    blocks crossing the diagonal and the tail block evaluate it."""
+    blocks crossing the diagonal and the tail block evaluate it; the skipping blocks are the
+    leading unmasked_blocks ones."""
     for block_m in ix.BLOCK_MS:
         for q_block in range(ix.num_q_blocks(sq, block_m)):
             q0 = q_block * block_m
@@ -325,6 +326,8 @@ def test_block_mask_skipped_only_where_nothing_is_masked(sq, sk, causal) -> None
                 pairs = [ix.key_valid(j, i, sq, sk, causal) for i in range(q0, q0 + block_m)
                          for j in range(kv0, kv0 + ix.BLOCK_N)]  # fmt: skip
                 need = ix.block_needs_mask(kv0, q0, sq, sk, causal)
+                # The kernel's unmasked loop runs exactly the blocks that need no mask.
+                assert need == (kb >= ix.unmasked_blocks(q0, sq, sk, causal, _pick)), (q0, kb)
                 if not need:
                     assert all(pairs), (q0, kv0)
                 elif kv0 + ix.BLOCK_N <= sk:
@@ -643,7 +646,7 @@ def emulate(q, k, v, descales, softmax_scale, causal, *, block_m, threshold, num
             assert torch.equal(v_tile, torch.where(inside, vf[k_rows, hk], 0.0))
             acc = q_tile @ k_tile.T
             valid = ix.key_valid(keys[None, :], pos[:, None], sq, sk, causal)
-            if ix.block_needs_mask(kv0, q_block * block_m, sq, sk, causal):
+            if kb >= ix.unmasked_blocks(q_block * block_m, sq, sk, causal, _pick):
                 scores = torch.where(valid, acc * scale, NEG_INF)
                 stats["masked"] += 1
             else:
@@ -1253,3 +1256,24 @@ def test_key_loop_stages_k_and_v_once_per_work_group(compiled: dict) -> None:
         per_row = ix.full_chunks(d) * (ix.D_CHUNK // ix.MMA_K[mma]) + ix.has_half_chunk(d)
         assert fig.mma_count == ix.KEY_TILES * per_row + (dv // ix.MMA_MN) * ix.pv_steps(mma)
         assert listing.lds_bytes == ix.lds_layout(d, dv, waves)[3], idx
+
+
+@pytest.mark.slow
+def test_only_the_second_key_loop_evaluates_the_mask(compiled: dict) -> None:
+    """The forward kernel has two key loops, the blocks that need no mask and then the
+    diagonal and tail blocks: only the second orders key indices against limits (the causal
+    and sequence-end tests), and the first issues fewer VALU per block."""
+    from aiter.flydsl_bridge import listing as L
+
+    wsz = ix.WAVE_SIZE[compiled["mma"]]
+    for idx, listed in enumerate(compiled["listed"]):
+        text = Path(listed["isa"]["flash_attn_fp8_fwd_kernel"]).read_text()
+        key_loops = [lp for lp in L.loops(L.parse_listing(text)) if lp.mma_count]
+        assert len(key_loops) == 2, idx
+        compares = [
+            [i for i in lp.body if re.match(r"v_cmp_[lg][te]_[iu]32", i.mnemonic)]
+            for lp in key_loops
+        ]
+        assert compares[0] == [] and compares[1], idx
+        valu = [L.loop_figures(lp, wsz).valu_count for lp in key_loops]
+        assert valu[0] < valu[1], (idx, valu)

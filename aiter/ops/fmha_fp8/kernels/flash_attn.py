@@ -32,7 +32,6 @@ from aiter.ops.fmha_fp8.kernels.flash_attn_index import (
     acc_key,
     acc_rows_per_lane,
     acc_value_col,
-    block_needs_mask,
     block_threads,
     chunk_offset,
     chunk_run,
@@ -71,6 +70,7 @@ from aiter.ops.fmha_fp8.kernels.flash_attn_index import (
     safe_row,
     split_range,
     split_workspace_shapes,
+    unmasked_blocks,
     v_copy_count,
     v_copy_piece,
     v_copy_steps,
@@ -360,16 +360,28 @@ def _masked_scores(accs, scale, kv0, lane, pos, seqlen_q, seqlen_k, causal: bool
     return scores
 
 
+def _max(a, b):
+    """max(a, b) as one v_max_f32 (fx.max propagates NaN: three instructions on gfx942). A NaN
+    score still reaches the output through exp2 and the row sum."""
+    return fx.maxnumf(a, b)
+
+
 def _row_max(scores, wsz: int):
     """Max of a query's scores over the key block: the lane's own, then across the lanes that
     hold the same query (same lane % 16)."""
     m = scores[0][0]
     for row in scores:
         for value in row:
-            m = fx.max(m, value)
+            m = _max(m, value)
     for offset in group_xor_offsets(wsz):
-        m = fx.max(m, m.shuffle_xor(offset, wsz))
+        m = _max(m, m.shuffle_xor(offset, wsz))
     return m
+
+
+def _any_lane(pred, wsz: int):
+    """Whether pred holds in any lane of the wave (a uniform condition: a scalar branch)."""
+    ty = fx.Int64 if wsz == 64 else fx.Int32
+    return ty(rocdl.ballot(ty.ir_type, pred)) != 0
 
 
 def _row_sum(x, wsz: int):
@@ -431,9 +443,9 @@ def flash_attn_fp8_fwd_kernel(
 
     Per key block: its K and V tiles (loaded into registers during the previous block) written
     to LDS between two barriers, K row-major and V transposed; the next block's loads issued;
-    S^T = K Q^T (fp8 MMA, fp32 acc), scores in log2 units, masks (only in a block that holds a
-    masked key: block_needs_mask), the block max across the lanes of a query, the lazy rescale
-    (needs_rescale), P = exp2(s - base) rounded to fp8, O^T += V^T P^T. Finally out = O * v_descale / l (bf16) and
+    S^T = K Q^T (fp8 MMA, fp32 acc), scores in log2 units, masks (only in the second loop, over
+    the blocks from unmasked_blocks on), the block max across the lanes of a query, the lazy
+    rescale (needs_rescale; skipped by the wave while no lane needs it), P = exp2(s - base) rounded to fp8, O^T += V^T P^T. Finally out = O * v_descale / l (bf16) and
     lse, or with use_split the unnormalised O and (m, l) into the fp32 workspaces.
     """
     wsz = WAVE_SIZE[mma]
@@ -498,36 +510,45 @@ def flash_attn_fp8_fwd_kernel(
     m_used = fx.Float32(_NEG_INF)
     l_part = fx.Float32(0.0)
     o = [fx.Vector.filled(rpl, 0, fx.Float32) for _ in range_constexpr(d_tiles)]
-    for kb in range(kb_begin, kb_end, fx.Int32(1)):
-        kv0 = kb * BLOCK_N
-        fx.barrier()  # every wave is done reading the previous block's K and V
-        _store_k_pieces(lds_ptr, k_base, idle, k_next, tid, threads, head_dim)
-        _store_v_pieces(lds_ptr, v_base, idle, v_next, tid, threads, head_dim_v)
-        fx.barrier()
-        # The next block's loads fly during this block's MMAs; past the last block they load
-        # nothing (an empty buffer) and are never stored.
-        live = kb + 1 < kb_end
-        k_buf = _block_buffer(pk, k_start, kv0 + BLOCK_N, sk, live, hkv * head_dim)
-        v_buf = _block_buffer(pv, k_start, kv0 + BLOCK_N, sk, live, hkv * head_dim_v)
-        k_next = _load_k_pieces(k_buf, k_offsets)
-        v_next = _load_v_pieces(v_buf, v_offsets)
-        rocdl.sched_barrier(0)  # issued before the block's first MMA, not among them
-        accs = _scores(mma, lds_ptr, k_base, head_dim, lane, q_ops)
+    # Two loops: the leading blocks that need no mask, then the diagonal and tail blocks.
+    mask_from = unmasked_blocks(q0, sq, sk, causal, _select)
+    mask_from = _select(mask_from < kb_end, mask_from, kb_end)
+    mask_from = _select(mask_from > kb_begin, mask_from, kb_begin)
+    for masked in range_constexpr(2):
+        lo, hi = (mask_from, kb_end) if masked else (kb_begin, mask_from)
+        for kb in range(lo, hi, fx.Int32(1)):
+            kv0 = kb * BLOCK_N
+            fx.barrier()  # every wave is done reading the previous block's K and V
+            _store_k_pieces(lds_ptr, k_base, idle, k_next, tid, threads, head_dim)
+            _store_v_pieces(lds_ptr, v_base, idle, v_next, tid, threads, head_dim_v)
+            fx.barrier()
+            # The next block's loads fly during this block's MMAs; past the last block they
+            # load nothing (an empty buffer) and are never stored.
+            live = kb + 1 < kb_end
+            k_buf = _block_buffer(pk, k_start, kv0 + BLOCK_N, sk, live, hkv * head_dim)
+            v_buf = _block_buffer(pv, k_start, kv0 + BLOCK_N, sk, live, hkv * head_dim_v)
+            k_next = _load_k_pieces(k_buf, k_offsets)
+            v_next = _load_v_pieces(v_buf, v_offsets)
+            rocdl.sched_barrier(0)  # issued before the block's first MMA, not among them
+            accs = _scores(mma, lds_ptr, k_base, head_dim, lane, q_ops)
 
-        scores = _scaled_scores(accs, scale)
-        if block_needs_mask(kv0, q0, sq, sk, causal):
-            scores = _masked_scores(accs, scale, kv0, lane, pos, sq, sk, causal, wsz)
-        m_candidate = fx.max(m_used, _row_max(scores, wsz))
-        if needs_rescale(m_used, m_candidate, rescale_threshold):
-            factor = _exp2(m_used - m_candidate)
-            o = [acc * factor for acc in o]
-            l_part = l_part * factor
-            m_used = m_candidate
-        probs, block_sum = _probabilities(scores, exp_base(m_used, _NEG_INF, _select))
-        l_part = l_part + block_sum
-        p_ops = _p_operands(mma, probs)
-        o = [_pv_tile(mma, lds_ptr, v_base, dt, lane, p_ops, o[dt])
-             for dt in range_constexpr(d_tiles)]  # fmt: skip
+            if const_expr(masked):
+                scores = _masked_scores(accs, scale, kv0, lane, pos, sq, sk, causal, wsz)
+            else:
+                scores = _scaled_scores(accs, scale)
+            m_candidate = _max(m_used, _row_max(scores, wsz))
+            rescale = needs_rescale(m_used, m_candidate, rescale_threshold)
+            # A uniform branch: the wave skips the rescale while no row's max grew enough.
+            if _any_lane(rescale, wsz):
+                factor = rescale.select(_exp2(m_used - m_candidate), fx.Float32(1.0))
+                o = [acc * factor for acc in o]
+                l_part = l_part * factor
+                m_used = rescale.select(m_candidate, m_used)
+            probs, block_sum = _probabilities(scores, exp_base(m_used, _NEG_INF, _select))
+            l_part = l_part + block_sum
+            p_ops = _p_operands(mma, probs)
+            o = [_pv_tile(mma, lds_ptr, v_base, dt, lane, p_ops, o[dt])
+                 for dt in range_constexpr(d_tiles)]  # fmt: skip
 
     total = _row_sum(l_part, wsz)
     first_col = [acc_value_col(dt, lane, 0, wsz) for dt in range_constexpr(d_tiles)]

@@ -383,6 +383,19 @@ def block_needs_mask(kv0, q0, seqlen_q, seqlen_k, causal: bool):
     return tail | (kv0 + BLOCK_N - 1 > key_limit(q0, seqlen_q, seqlen_k))
 
 
+def unmasked_blocks(q0, seqlen_q, seqlen_k, causal: bool, select):
+    """How many leading key blocks of the work-group at q0 need no mask: block kb needs none
+    (block_needs_mask is false) exactly when kb < this, i.e. when the block ends inside the
+    sequence and, with causal, at or before the first query's limit. The key loop runs these
+    blocks without evaluating the mask, then the rest with it."""
+    end = seqlen_k
+    if causal:
+        limit = key_limit(q0, seqlen_q, seqlen_k) + 1
+        end = select(limit < end, limit, end)
+    end = select(end > 0, end, 0)
+    return end // BLOCK_N
+
+
 # --- online softmax and the split-KV combine ---------------------------------------------------
 
 
