@@ -599,15 +599,16 @@ def test_error_refuses_an_untuned_miss_with_every_fact(built, cache, tmp_path) -
         "  call:    gemm_a16w16(A=bfloat16[32, 4096] row-major, B=bfloat16[2048, 4096] "
         "row-major, bias=none, out_dtype=bfloat16)",
         "  device:  gfx942, 304 CUs",
-        "  served:  untuned shape, heuristic -> flydsl_a16w16_mfma_32x64x64 split_k=8",
+        "  served:  untuned shape, heuristic -> flydsl_a16w16_mfma_32x64x128 split_k=8",
         "  kernel:  gemm_a16w16 [a=bfloat16 b=bfloat16 bias=bfloat16 c=float32 tile_m=32 "
-        "tile_n=64 tile_k=64 split_k=8 has_bias=False mma='mfma']",
+        "tile_n=64 tile_k=128 split_k=8 has_bias=False mma='mfma']",
         f"  cache:   {cache} holds 2 other entries of gemm_a16w16 for this kernel source and "
         "arch; nearest 2:",
         f"    {_entry(built, cache, 4).relative_to(cache)} (built for bf16_tuned_gemm.csv:2, "
-        "M 1-32): split_k=4 (this call: 8)",
+        "M 1-32): tile_k=64 (this call: 128), split_k=4 (this call: 8)",
         f"    {_entry(built, cache, 1).relative_to(cache)} (built for bf16_tuned_gemm.csv:3, "
-        "M 33-64): c=bfloat16 (this call: float32), split_k=1 (this call: 8)",
+        "M 33-64): c=bfloat16 (this call: float32), tile_k=64 (this call: 128), split_k=1 "
+        "(this call: 8)",
         "  fix:     add a row for this shape to bf16_tuned_gemm.csv (--csv gemm_a16w16=PATH) "
         f"and rebuild: GPU_ARCHS=gfx942:304 AITER_CONFIG_DIR={built[0]['AITER_CONFIG_DIR']} "
         f"python -m aiter.aot.flydsl --module gemm --csv gemm_a16w16=PATH --cache-dir {cache}",
