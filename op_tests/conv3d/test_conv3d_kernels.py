@@ -95,7 +95,7 @@ def test_supported_tiles_fit_the_kernel(mma: str) -> None:
     print(f"\n{mma}: all {len(budgets)} conv tiles fit (tile_problem is None)")
 
 
-@pytest.mark.parametrize("mma", ["mfma", "wmma"])
+@pytest.mark.parametrize("mma", fast_first(["mfma", "wmma"], 1))
 def test_every_tile_element_has_one_owner(mma: str) -> None:
     """Across waves, MMA repeats, lanes and accumulator elements a work-group covers its tile
     once, the B row a lane streams is the column its accumulators hold, the A rows a wave reads

@@ -159,7 +159,8 @@ def test_k_tiles_cover_the_split(blocks: int, begin: int, end: int) -> None:
     assert len(visited) - (end - begin) < blocks
 
 
-@pytest.mark.parametrize("mma", fast_first(["mfma", "wmma"], 1))
+@pytest.mark.slow  # every tile of both flavours: seconds; the emulations cover the fast set
+@pytest.mark.parametrize("mma", ["mfma", "wmma"])
 def test_every_tile_element_has_one_owner(mma: str) -> None:
     """Across waves, MMA repeats, lanes and accumulator elements, a block covers its tile once;
     so do the epilogue's 16-byte runs."""
