@@ -445,8 +445,9 @@ def flash_attn_fp8_fwd_kernel(
     to LDS between two barriers, K row-major and V transposed; the next block's loads issued;
     S^T = K Q^T (fp8 MMA, fp32 acc), scores in log2 units, masks (only in the second loop, over
     the blocks from unmasked_blocks on), the block max across the lanes of a query, the lazy
-    rescale (needs_rescale; skipped by the wave while no lane needs it), P = exp2(s - base) rounded to fp8, O^T += V^T P^T. Finally out = O * v_descale / l (bf16) and
-    lse, or with use_split the unnormalised O and (m, l) into the fp32 workspaces.
+    rescale (needs_rescale; skipped by the wave while no lane needs it), P = exp2(s - base)
+    rounded to fp8, O^T += V^T P^T. Finally out = O * v_descale / l (bf16) and lse, or with
+    use_split the unnormalised O and (m, l) into the fp32 workspaces.
     """
     wsz = WAVE_SIZE[mma]
     rpl = acc_rows_per_lane(wsz)
