@@ -2,7 +2,7 @@
 bottom-right causal masking, GQA, dense and varlen (cu_seqlens) batches, and split-KV with a
 combine kernel. MFMA (wave64) for gfx942/gfx950, WMMA (wave32) for gfx1250.
 
-flash_attn_fp8_index.py holds every index formula and the online-softmax rules.
+flash_attn_index.py holds every index formula and the online-softmax rules.
 """
 
 from __future__ import annotations
@@ -85,6 +85,7 @@ from aiter.ops.shared import SOURCES_DIGEST as SHARED_HELPERS
 from aiter.ops.shared.gemm_blocks import check_mma, load_run, to_stream
 from aiter.ops.shared.kernel_tensors import kernel_tensors
 from aiter.ops.shared.launch_args import check_rank, check_tensor
+from aiter.ops.shared.wave_vote import any_lane
 
 __all__ = [
     "BLOCK_MS",
@@ -378,12 +379,6 @@ def _row_max(scores, wsz: int):
     return m
 
 
-def _any_lane(pred, wsz: int):
-    """Whether pred holds in any lane of the wave (a uniform condition: a scalar branch)."""
-    ty = fx.Int64 if wsz == 64 else fx.Int32
-    return ty(rocdl.ballot(ty.ir_type, pred)) != 0
-
-
 def _row_sum(x, wsz: int):
     """Sum over the lanes that hold the same query."""
     for offset in group_xor_offsets(wsz):
@@ -540,7 +535,7 @@ def flash_attn_fp8_fwd_kernel(
             m_candidate = _max(m_used, _row_max(scores, wsz))
             rescale = needs_rescale(m_used, m_candidate, rescale_threshold)
             # A uniform branch: the wave skips the rescale while no row's max grew enough.
-            if _any_lane(rescale, wsz):
+            if any_lane(rescale, wsz):
                 factor = rescale.select(_exp2(m_used - m_candidate), fx.Float32(1.0))
                 o = [acc * factor for acc in o]
                 l_part = l_part * factor

@@ -57,6 +57,7 @@ from aiter.ops.shared import SOURCES_DIGEST as SHARED_HELPERS
 from aiter.ops.shared.gemm_blocks import to_stream
 from aiter.ops.shared.kernel_tensors import kernel_tensors
 from aiter.ops.shared.launch_args import check_int, check_rank, check_tensor
+from aiter.ops.shared.wave_vote import ballot, lane_mask_type
 
 # dtype of the workspace (per-chunk counts, then per-expert first slots).
 WORKSPACE_DTYPE = torch.int32
@@ -123,23 +124,14 @@ def _routed_tokens(num_local_tokens, m, has_num_local: bool):
 # --- ranking a wave's entries by expert ------------------------------------------------------
 
 
-def _mask_type(wave_size: int):
-    return fx.Int64 if wave_size == 64 else fx.Int32
-
-
-def _ballot(pred, wave_size: int):
-    ty = _mask_type(wave_size)
-    return ty(rocdl.ballot(ty.ir_type, pred))
-
-
 def _peers(valid, expert, wave_size: int):
     """Lane mask of the valid lanes whose expert equals this lane's: one ballot per bit of
     the expert id, kept where the bit agrees."""
-    ty = _mask_type(wave_size)
-    peers = _ballot(valid, wave_size)
+    ty = lane_mask_type(wave_size)
+    peers = ballot(valid, wave_size)
     for bit in range_constexpr(ix.EXPERT_BITS):
         on = ((expert >> bit) & 1) != 0
-        lanes = _ballot(on, wave_size)
+        lanes = ballot(on, wave_size)
         peers = peers & on.select(lanes, lanes ^ ty(-1))
     return peers
 
