@@ -468,14 +468,16 @@ def conflict_summary(stats: dict[str, AccessStats]) -> dict[str, str]:
     }
 
 
-def fast_first(cases, fast: int, ids=None):
-    """pytest params of `cases`: the first `fast` in the inner loop, the rest marked slow (a
-    thread-by-thread emulation of a work-group costs seconds; `make test` runs them all)."""
+def fast_first(cases, fast, ids=None):
+    """pytest params of `cases`: the first `fast` (an int), or the cases at the indices `fast`
+    (a set), in the inner loop, the rest marked slow (a thread-by-thread emulation of a
+    work-group costs seconds; `make test` runs them all)."""
     import pytest
 
+    in_inner_loop = set(range(fast)) if isinstance(fast, int) else set(fast)
     ids = ids or [None] * len(cases)
     return [
         pytest.param(*(case if isinstance(case, tuple) else (case,)), id=ident,
-                     marks=() if i < fast else pytest.mark.slow)  # fmt: skip
+                     marks=() if i in in_inner_loop else pytest.mark.slow)  # fmt: skip
         for i, (case, ident) in enumerate(zip(cases, ids, strict=True))
     ]

@@ -44,7 +44,7 @@ def test_every_family_has_launchers() -> None:
 
 
 @pytest.mark.parametrize(
-    "name, launcher", list(_launchers()), ids=lambda v: getattr(v, "__name__", str(v))
+    "name, launcher", [pytest.param(n, f, id=f"{n}.{f.func.__name__}") for n, f in _launchers()]
 )
 def test_every_launcher_reads_the_shared_digest(name, launcher) -> None:
     module = importlib.import_module(name)
