@@ -1,0 +1,107 @@
+"""Index arithmetic of the chunk_gdn_h hidden-state pass, in plain Python: which sequence, head
+and V tile a work-group owns, where its chunks start and end, and the element offsets of every
+tensor it reads and writes. The FlyDSL kernel and the CPU emulation both call these.
+
+Layouts (contiguous, innermost last):
+- k [B, T, Hg, K], w [B, T, H, K], u and v_new [B, T, H, V], g [B, T, H], gk [B, T, H, K];
+- h [B, NT, H, K, V]: the state at the start of each chunk;
+- initial and final states [N, H, K, V].
+Varlen batches have B = 1 and the sequences laid end to end; their chunks are numbered across
+sequences (chunk_offsets), so h holds NT = sum of each sequence's chunk count.
+"""
+
+from __future__ import annotations
+
+# Only +, -, *, //, % and comparisons appear below (min through a `select(cond, a, b)` the
+# caller passes: Python's conditional expression on the CPU, a select in the kernel), so the
+# same formulas run on ints, torch tensors and FlyDSL values.
+
+
+def num_chunks(seqlen, chunk_size: int):
+    return (seqlen + chunk_size - 1) // chunk_size
+
+
+def chunk_offsets(cu_seqlens: list[int], chunk_size: int) -> list[int]:
+    """The first chunk of each sequence in h's chunk axis, and the total at the end."""
+    offsets = [0]
+    for start, end in zip(cu_seqlens, cu_seqlens[1:], strict=False):
+        offsets.append(offsets[-1] + num_chunks(end - start, chunk_size))
+    return offsets
+
+
+def v_tiles(head_dim_v: int, block_v: int) -> int:
+    return (head_dim_v + block_v - 1) // block_v
+
+
+def grid_size(num_seqs: int, heads: int, head_dim_v: int, block_v: int) -> int:
+    """Work-groups: one per (sequence, value head, V tile)."""
+    return num_seqs * heads * v_tiles(head_dim_v, block_v)
+
+
+def work_group(pid, heads: int, head_dim_v: int, block_v: int):
+    """(sequence, value head, V tile) of work-group pid; the V tile varies fastest, so the
+    work-groups of one head, which read the same k and w, run side by side."""
+    nv = v_tiles(head_dim_v, block_v)
+    tile, rest = pid % nv, pid // nv
+    return rest // heads, rest % heads, tile
+
+
+def key_head(head, heads: int, key_heads: int):
+    """The key head of a value head: value heads share one in groups of H // Hg."""
+    return head // (heads // key_heads)
+
+
+def dense_sequence(seq, seqlen, chunk_size: int):
+    """(first token row, tokens, first chunk row) of sequence seq of a dense batch: token rows
+    are [B, T] flattened, chunk rows [B, NT]."""
+    return seq * seqlen, seqlen, seq * num_chunks(seqlen, chunk_size)
+
+
+def varlen_sequence(start, end, first_chunk):
+    """The same for a varlen sequence, from cu_seqlens[seq], cu_seqlens[seq + 1] and
+    chunk_offsets[seq]."""
+    return start, end - start, first_chunk
+
+
+def token_row(bos, t):
+    """Row of token t of a sequence starting at row bos of the flattened [B * T] token axis."""
+    return bos + t
+
+
+def chunk_tokens(chunk, seqlen, chunk_size: int, select):
+    """Tokens of a chunk: chunk_size, fewer in a sequence's last chunk."""
+    rest = seqlen - chunk * chunk_size
+    return select(rest < chunk_size, rest, chunk_size)
+
+
+def last_token(chunk, seqlen, chunk_size: int, select):
+    """The chunk's last token, in the sequence: its gates decay the whole chunk."""
+    return chunk * chunk_size + chunk_tokens(chunk, seqlen, chunk_size, select) - 1
+
+
+def k_offset(row, key_head_index, kk, key_heads: int, head_dim: int):
+    return (row * key_heads + key_head_index) * head_dim + kk
+
+
+def w_offset(row, head, kk, heads: int, head_dim: int):
+    """w and gk: [rows, H, K]."""
+    return (row * heads + head) * head_dim + kk
+
+
+def u_offset(row, head, vv, heads: int, head_dim_v: int):
+    """u and v_new: [rows, H, V]."""
+    return (row * heads + head) * head_dim_v + vv
+
+
+def g_offset(row, head, heads: int):
+    return row * heads + head
+
+
+def h_offset(chunk_row, head, kk, vv, heads: int, head_dim: int, head_dim_v: int):
+    """h [chunk rows, H, K, V], chunk_row the chunk's index in h's flattened [B * NT] axis."""
+    return ((chunk_row * heads + head) * head_dim + kk) * head_dim_v + vv
+
+
+def state_offset(seq, head, kk, vv, heads: int, head_dim: int, head_dim_v: int):
+    """Initial and final states [N, H, K, V]."""
+    return ((seq * heads + head) * head_dim + kk) * head_dim_v + vv
