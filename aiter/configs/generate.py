@@ -6,13 +6,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from aiter.ops.chunk_gdn_h import generate as chunk_gdn_h
 from aiter.ops.conv3d import generate as conv3d
 from aiter.ops.fmha_fp8 import generate as fmha_fp8
 from aiter.ops.gemm import generate as gemm
 from aiter.ops.moe import generate as moe
 
 HERE = Path(__file__).resolve().parent
-FAMILIES = (gemm, moe, conv3d, fmha_fp8)
+FAMILIES = (gemm, moe, conv3d, fmha_fp8, chunk_gdn_h)
 
 
 def main() -> None:

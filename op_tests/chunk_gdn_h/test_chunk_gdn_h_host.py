@@ -13,8 +13,9 @@ import torch
 from aiter import flydsl_bridge as bridge
 from aiter.aot.flydsl.dry_run import dry_run
 from aiter.ops.chunk_gdn_h import plan
-from aiter.ops.chunk_gdn_h.arguments import check_call
+from aiter.ops.chunk_gdn_h.arguments import ChunkHCall, check_call
 from aiter.ops.chunk_gdn_h.kernels.chunk_h_index import grid_size
+from aiter.ops.chunk_gdn_h.table import CHUNK_GDN_H
 
 BF16 = torch.bfloat16
 
@@ -142,3 +143,71 @@ def test_every_bv_choice_is_legal_for_every_call_shape():
                                              [1, 80, 304]):  # fmt: skip
         block_v = plan.grid_fill_block_v(n, heads, v, cu)
         assert block_v in plan.BLOCK_VS and block_v <= max(v, plan.BLOCK_VS[0])
+
+
+# --- the tuned table and the plan's lookup ---
+
+
+def test_the_default_table_names_the_rules_choice_for_every_row():
+    table = CHUNK_GDN_H.load()
+    assert len(table.rows) == 144
+    for row in table.rows:
+        assert row["us"] == ""  # nothing here was measured on a GPU
+        want = plan.grid_fill_block_v(row.int("N"), row.int("H"), row.int("V"), row.int("cu_num"))
+        assert row.int("BV") == want
+    layers = {(r["gfx"], r.int("H"), r.int("Hg"), r.int("K"), r.int("V")) for r in table.rows}
+    assert layers == {(gfx, h, hg, 128, 128) for gfx in ("gfx942", "gfx950", "gfx1250")
+                      for h, hg in ((32, 16), (8, 4))}  # fmt: skip
+
+
+def _fake_call(**over) -> ChunkHCall:
+    fields = dict(
+        batch=1, seqlen=8192, num_seqs=8, heads=32, key_heads=16, head_dim=128, head_dim_v=128,
+        chunk_size=64, num_chunk_rows=0, dtype=BF16, use_g=True, use_gk=False, use_h0=True,
+        store_final_state=True, save_new_value=True, varlen=True, chunk_offsets=None,
+    )  # fmt: skip
+    fields.update(over)
+    return ChunkHCall(**fields)
+
+
+def test_a_tabled_call_takes_its_rows_bv_and_others_the_rule(tmp_path, monkeypatch):
+    # A tuned row that disagrees with the rule: N = 8 at TP1 on gfx942, 8192 tokens, BV 32.
+    row = dict(gfx="gfx942", cu_num="304", dtype="torch.bfloat16", K="128", V="128", BT="64",
+               H="32", Hg="16", is_varlen="1", use_g="1", use_gk="0", use_h0="1", store_fs="1",
+               save_vn="1", T_flat="8192", N="8", BV="32", us="12.5")  # fmt: skip
+    path = tmp_path / "mine.csv"
+    path.write_text(",".join(row) + "\n" + ",".join(row.values()) + "\n")
+    monkeypatch.setenv(CHUNK_GDN_H.env_var, str(path))
+    assert plan.grid_fill_block_v(8, 32, 128, 304) == 64
+    for tokens in (1, 5000, 8192):  # the row's bucket: up to its T_flat, from 1
+        choice = plan.choose_block_v(_fake_call(seqlen=tokens), "gfx942", 304)
+        assert choice.block_v == 32 and choice.row is not None and choice.row.line == 2
+    # The default table's next row (32768 tokens) serves above it, with the rule's BV.
+    choice = plan.choose_block_v(_fake_call(seqlen=8193), "gfx942", 304)
+    assert choice.block_v == 64 and choice.row.int("T_flat") == 32768
+    # Untabled: more tokens than any row, another N, another layer, another arch's CU count.
+    for call, cu in ((_fake_call(seqlen=40000), 304), (_fake_call(num_seqs=9), 304),
+                     (_fake_call(heads=16, key_heads=16), 304), (_fake_call(), 300)):  # fmt: skip
+        choice = plan.choose_block_v(call, "gfx942", cu)
+        assert choice.row is None
+        assert choice.block_v == plan.grid_fill_block_v(call.num_seqs, call.heads, 128, cu)
+
+
+@pytest.mark.parametrize("cells, column, expected", [
+    (dict(BV="48"), "BV", "one of 16, 32, 64"),
+    (dict(BV="64", V="32"), "BV", "a V tile no wider than V (32)"),
+    (dict(H="12", Hg="8"), "H", "a multiple of Hg (8)"),
+    (dict(is_varlen="0", T_flat="100", N="3"), "T_flat", "a multiple of N (3)"),
+    (dict(K="96"), "K", "one of 64, 128, 192, 256"),
+])  # fmt: skip
+def test_a_bad_row_is_refused_at_load_naming_file_line_and_column(tmp_path, cells, column,
+                                                                   expected):  # fmt: skip
+    row = dict(zip(CHUNK_GDN_H.header, next(iter(CHUNK_GDN_H.load().rows)).cells.values(),
+                   strict=True))  # fmt: skip
+    row.update(cells)
+    path = tmp_path / "bad.csv"
+    path.write_text(",".join(CHUNK_GDN_H.header) + "\n" + ",".join(row.values()) + "\n")
+    with pytest.raises(ValueError) as err:
+        CHUNK_GDN_H.load([str(path)])
+    message = str(err.value)
+    assert f"{path}:2" in message and repr(column) in message and expected in message

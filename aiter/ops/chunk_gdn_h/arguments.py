@@ -14,13 +14,16 @@ from dataclasses import dataclass
 
 import torch
 
-from aiter.ops.chunk_gdn_h.kernels.chunk_h_index import chunk_offsets, num_chunks
-from aiter.ops.chunk_gdn_h.plan import CHUNK_SIZES
+from aiter.ops.chunk_gdn_h.kernels.chunk_h_index import (
+    CHUNK_SIZES,
+    HEAD_DIMS,
+    chunk_offsets,
+    num_chunks,
+)
 
 INPUT_DTYPES = (torch.bfloat16, torch.float16)
 STATE_DTYPE = torch.float32
 SEQLENS_DTYPES = (torch.int32, torch.int64)
-HEAD_DIMS = (64, 128, 192, 256)  # K: the kernel holds the state in 64-row blocks
 HEAD_DIM_V_MULTIPLE = 16
 HEAD_DIM_V_MAX = 512
 MAX_ELEMENTS = 2**31 - 1  # the kernel's element offsets are 32-bit

@@ -1,5 +1,6 @@
-"""The chunk_gdn_h launcher's compile-time choice without a tuned row: the V-tile width BV, a
-function of the batch shape (sequences), heads, V and the CU count.
+"""The chunk_gdn_h launcher's compile-time choice, the V-tile width BV: a tuned row's when one
+serves the call (table.py), else the grid-fill rule, a function of the number of sequences,
+heads, V and the CU count.
 
 The pass is a serial walk over chunks per work-group, so its time is the chunks of one
 work-group times their cost, times how many rounds of work-groups the GPU needs. A wider V tile
@@ -10,10 +11,17 @@ work-group, and the narrowest when none does.
 
 from __future__ import annotations
 
-from aiter.ops.chunk_gdn_h.kernels.chunk_h_index import grid_size
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-BLOCK_VS = (16, 32, 64)  # the V-tile widths the kernel is compiled for
-CHUNK_SIZES = (64,)  # the chunk length BT the kernel walks in
+from aiter.ops.chunk_gdn_h.kernels.chunk_h_index import BLOCK_VS, grid_size
+from aiter.ops.chunk_gdn_h.table import CHUNK_GDN_H
+from aiter.tuning import Row
+
+if TYPE_CHECKING:
+    from aiter.ops.chunk_gdn_h.arguments import ChunkHCall
+
+OP = "chunk_gated_delta_rule_fwd_h"
 
 
 def legal_block_vs(head_dim_v: int) -> tuple[int, ...]:
@@ -41,3 +49,43 @@ def block_v_switch_points(heads: int, head_dim_v: int, cu_num: int) -> list[int]
         if point > 1:
             points.append(point)
     return sorted(set(points))
+
+
+@dataclass(frozen=True)
+class BlockVChoice:
+    block_v: int
+    row: Row | None  # the tuned row that chose it; None: the grid-fill rule
+
+
+def table_key(call: ChunkHCall, gfx: str, cu_num: int) -> dict[str, object]:
+    """The call's cells in the table's key columns (T_flat, the axis, aside)."""
+    return {
+        "gfx": gfx,
+        "cu_num": cu_num,
+        "dtype": str(call.dtype),
+        "K": call.head_dim,
+        "V": call.head_dim_v,
+        "BT": call.chunk_size,
+        "H": call.heads,
+        "Hg": call.key_heads,
+        "is_varlen": int(call.varlen),
+        "use_g": int(call.use_g),
+        "use_gk": int(call.use_gk),
+        "use_h0": int(call.use_h0),
+        "store_fs": int(call.store_final_state),
+        "save_vn": int(call.save_new_value),
+        "N": call.num_seqs,
+    }
+
+
+def total_tokens(call: ChunkHCall) -> int:
+    return call.batch * call.seqlen
+
+
+def choose_block_v(call: ChunkHCall, gfx: str, cu_num: int) -> BlockVChoice:
+    """The tuned row's BV when a row serves the call's layer, sequences and tokens, else the
+    grid-fill rule's."""
+    row = CHUNK_GDN_H.lookup(table_key(call, gfx, cu_num), total_tokens(call))
+    if row is not None:
+        return BlockVChoice(row.int("BV"), row)
+    return BlockVChoice(grid_fill_block_v(call.num_seqs, call.heads, call.head_dim_v, cu_num), None)

@@ -16,6 +16,10 @@ from __future__ import annotations
 # caller passes: Python's conditional expression on the CPU, a select in the kernel), so the
 # same formulas run on ints, torch tensors and FlyDSL values.
 
+BLOCK_VS = (16, 32, 64)  # the V-tile widths the kernel is compiled for
+CHUNK_SIZES = (64,)  # the chunk lengths BT it walks in
+HEAD_DIMS = (64, 128, 192, 256)  # K: the kernel holds the state in 64-row blocks
+
 
 def num_chunks(seqlen, chunk_size: int):
     return (seqlen + chunk_size - 1) // chunk_size
