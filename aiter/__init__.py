@@ -20,6 +20,7 @@ _ENTRIES = {
     "fused_moe": "aiter.ops.moe.entry",
     "conv3d": "aiter.ops.conv3d.entry",
     "flash_attn_fp8": "aiter.ops.fmha_fp8.entry",
+    "chunk_gated_delta_rule_fwd_h": "aiter.ops.chunk_gdn_h.entry",
 }
 
 

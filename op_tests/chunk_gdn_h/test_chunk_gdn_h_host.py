@@ -27,8 +27,9 @@ def test_the_rule_by_hand():
     assert plan.grid_fill_block_v(3, 32, 128, 304) == 32  # 3 * 32 * 4 = 384 >= 304
     assert plan.grid_fill_block_v(5, 32, 128, 304) == 64  # 5 * 32 * 2 = 320 >= 304
     assert plan.block_v_switch_points(32, 128, 304) == [3, 5]
-    # Narrow V: no tile wider than V.
-    assert plan.legal_block_vs(16) == (16,)
+    # Only widths dividing V.
+    assert plan.legal_block_vs(16) == (16,) and plan.legal_block_vs(48) == (16,)
+    assert plan.legal_block_vs(96) == (16, 32)
     assert plan.grid_fill_block_v(100, 32, 16, 80) == 16
 
 
@@ -142,7 +143,7 @@ def test_every_bv_choice_is_legal_for_every_call_shape():
     for n, heads, v, cu in itertools.product([1, 2, 7, 64], [1, 8, 32], [16, 48, 128, 256],
                                              [1, 80, 304]):  # fmt: skip
         block_v = plan.grid_fill_block_v(n, heads, v, cu)
-        assert block_v in plan.BLOCK_VS and block_v <= max(v, plan.BLOCK_VS[0])
+        assert block_v in plan.BLOCK_VS and v % block_v == 0
 
 
 # --- the tuned table and the plan's lookup ---
@@ -164,7 +165,8 @@ def _fake_call(**over) -> ChunkHCall:
     fields = dict(
         batch=1, seqlen=8192, num_seqs=8, heads=32, key_heads=16, head_dim=128, head_dim_v=128,
         chunk_size=64, num_chunk_rows=0, dtype=BF16, use_g=True, use_gk=False, use_h0=True,
-        store_final_state=True, save_new_value=True, varlen=True, chunk_offsets=None,
+        store_final_state=True, save_new_value=True, varlen=True, cu_seqlens=None,
+        chunk_offsets=None,
     )  # fmt: skip
     fields.update(over)
     return ChunkHCall(**fields)
@@ -195,7 +197,8 @@ def test_a_tabled_call_takes_its_rows_bv_and_others_the_rule(tmp_path, monkeypat
 
 @pytest.mark.parametrize("cells, column, expected", [
     (dict(BV="48"), "BV", "one of 16, 32, 64"),
-    (dict(BV="64", V="32"), "BV", "a V tile no wider than V (32)"),
+    (dict(BV="64", V="32"), "BV", "a V tile width that divides V (32)"),
+    (dict(BV="32", V="48"), "BV", "a V tile width that divides V (48)"),
     (dict(H="12", Hg="8"), "H", "a multiple of Hg (8)"),
     (dict(is_varlen="0", T_flat="100", N="3"), "T_flat", "a multiple of N (3)"),
     (dict(K="96"), "K", "one of 64, 128, 192, 256"),

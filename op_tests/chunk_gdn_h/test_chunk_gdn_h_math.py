@@ -10,8 +10,10 @@ import random
 import pytest
 import torch
 
-from op_tests.chunk_gdn_h.emulation import emulate
+from aiter.ops.chunk_gdn_h.plan import legal_block_vs
+from op_tests.chunk_gdn_h.emulation import emulate, emulate_lanes
 from op_tests.chunk_gdn_h.reference import chunk_states, naive_states, wy_inputs
+from op_tests.shared.mainloop_emulation import fast_first
 
 F64 = torch.float64
 
@@ -59,8 +61,8 @@ def _case(seed: int) -> dict:
         key_heads=key_heads,
         heads=key_heads * rng.choice([1, 2, 3]),
         head_dim=rng.choice([64, 128]),
-        head_dim_v=rng.choice([16, 48, 64, 80]),
-        block_v=rng.choice([16, 32, 64]),
+        head_dim_v=(vd := rng.choice([16, 48, 64, 80, 96])),
+        block_v=rng.choice(legal_block_vs(vd)),
         dtype=rng.choice([torch.bfloat16, torch.float16]),
         gates=rng.choice(["g", "gk", "both", "none"]),
         h0=rng.random() < 0.5,
@@ -114,3 +116,32 @@ def test_the_emulated_work_groups_match_the_chunked_pass(case: dict) -> None:
         assert torch.all(got.written["v_new"] == 1)
     if case["final"]:
         assert torch.all(got.written["final"] == 1)
+
+
+_LANE = dict(key_heads=1, heads=2, head_dim=64, dtype=torch.bfloat16, h0=True, final=True,
+             save=True)  # fmt: skip
+LANE_CASES = [
+    dict(_LANE, seed=1, arch="gfx942", lens=[70], varlen=False, head_dim_v=32, block_v=32,
+         gates="g", dtype=torch.float16),
+    dict(_LANE, seed=2, arch="gfx950", lens=[5, 0, 66], varlen=True, head_dim_v=64, block_v=32,
+         gates="gk", head_dim=128),
+    dict(_LANE, seed=3, arch="gfx1250", lens=[40, 40], varlen=False, head_dim_v=16,
+         block_v=16, gates="both", key_heads=2, heads=4, h0=False),
+]  # fmt: skip
+
+
+# Lane by lane costs seconds a case: gfx942's runs in the inner loop, the others in make test.
+@pytest.mark.parametrize("case", fast_first(LANE_CASES, 1, [c["arch"] for c in LANE_CASES]))
+def test_the_lanes_compute_the_chunked_pass(case: dict) -> None:
+    args = _inputs(case)
+    got = emulate_lanes(*args, block_v=case["block_v"], arch=case["arch"])
+    h, v_new, final = chunk_states(*args)
+    assert got.lds_races == []
+    torch.testing.assert_close(got.h.float(), h.float(), rtol=2e-2, atol=2e-2)
+    if case["save"]:
+        torch.testing.assert_close(got.v_new.float(), v_new.float(), rtol=2e-2, atol=2e-2)
+        assert torch.all(got.written["v_new"] == 1)
+    if case["final"]:
+        torch.testing.assert_close(got.final, final, rtol=1e-3, atol=1e-3)
+        assert torch.all(got.written["final"] == 1)
+    assert torch.all(got.written["h"] == 1)

@@ -50,6 +50,7 @@ class ChunkHCall:
     store_final_state: bool
     save_new_value: bool
     varlen: bool
+    cu_seqlens: tuple[int, ...] | None  # varlen only: cu_seqlens's values
     chunk_offsets: tuple[int, ...] | None  # varlen only: each sequence's first chunk row
 
 
@@ -151,7 +152,7 @@ def check_call(k, w, u, g, gk, initial_state, output_final_state, chunk_size, sa
             gates[name] = t
 
     varlen = cu_seqlens is not None
-    offsets = None
+    offsets = values = None
     if varlen:
         if batch != 1:
             raise ValueError(f"k: a varlen batch (cu_seqlens) must have B = 1, got B = {batch}")
@@ -206,5 +207,6 @@ def check_call(k, w, u, g, gk, initial_state, output_final_state, chunk_size, sa
         store_final_state=output_final_state,
         save_new_value=save_new_value,
         varlen=varlen,
+        cu_seqlens=tuple(values) if varlen else None,
         chunk_offsets=offsets,
     )

@@ -11,9 +11,12 @@ work-group, and the narrowest when none does.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from aiter import dispatch
 from aiter.ops.chunk_gdn_h.kernels.chunk_h_index import BLOCK_VS, grid_size
 from aiter.ops.chunk_gdn_h.table import CHUNK_GDN_H
 from aiter.tuning import Row
@@ -25,8 +28,9 @@ OP = "chunk_gated_delta_rule_fwd_h"
 
 
 def legal_block_vs(head_dim_v: int) -> tuple[int, ...]:
-    """The widths a V of head_dim_v can use: a tile no wider than V."""
-    return tuple(b for b in BLOCK_VS if b <= head_dim_v) or BLOCK_VS[:1]
+    """The widths a V of head_dim_v can use: those dividing V (the kernel has no partial V
+    tile; V is a multiple of the narrowest)."""
+    return tuple(b for b in BLOCK_VS if head_dim_v % b == 0)
 
 
 def grid_fill_block_v(num_seqs: int, heads: int, head_dim_v: int, cu_num: int) -> int:
@@ -51,10 +55,51 @@ def block_v_switch_points(heads: int, head_dim_v: int, cu_num: int) -> list[int]
     return sorted(set(points))
 
 
+KERNELS = "flydsl_chunk_gdn_h"
+
+
 @dataclass(frozen=True)
 class BlockVChoice:
     block_v: int
     row: Row | None  # the tuned row that chose it; None: the grid-fill rule
+    mma: str = "mfma"
+    head_dim: int = 128
+
+    @property
+    def name(self) -> str:
+        return f"{KERNELS}_{self.mma}_k{self.head_dim}_bv{self.block_v}"
+
+    def report(self, args: Callable[[], dict[str, str]], axis: dict[str, int],
+               **params: object) -> None:  # fmt: skip
+        """Tell aiter.dispatch how the call is served (the record built only when someone
+        listens)."""
+        dispatch.report(
+            lambda: dispatch.DispatchRecord(
+                OP,
+                dispatch.BACKEND_FLYDSL,
+                self.name,
+                "table" if self.row is not None else "heuristic",
+                f"{self.row.source}:{self.row.line}" if self.row is not None else None,
+                {"block_v": self.block_v, **params},
+                args=args(),
+                table=CHUNK_GDN_H.short_name,
+                axis=axis,
+            )
+        )
+
+
+def describe(choice: BlockVChoice) -> str:
+    return choice.name
+
+
+def equivalent_choices(choice: BlockVChoice, head_dim_v: int) -> list[BlockVChoice]:
+    """The other legal V-tile widths, widest first: each computes every output element with
+    the same arithmetic (a V tile only groups value columns), so any serves the call."""
+    return [
+        dataclasses.replace(choice, block_v=b)
+        for b in reversed(legal_block_vs(head_dim_v))
+        if b != choice.block_v
+    ]
 
 
 def table_key(call: ChunkHCall, gfx: str, cu_num: int) -> dict[str, object]:
@@ -82,10 +127,11 @@ def total_tokens(call: ChunkHCall) -> int:
     return call.batch * call.seqlen
 
 
-def choose_block_v(call: ChunkHCall, gfx: str, cu_num: int) -> BlockVChoice:
+def choose_block_v(call: ChunkHCall, gfx: str, cu_num: int, mma: str = "mfma") -> BlockVChoice:
     """The tuned row's BV when a row serves the call's layer, sequences and tokens, else the
     grid-fill rule's."""
     row = CHUNK_GDN_H.lookup(table_key(call, gfx, cu_num), total_tokens(call))
     if row is not None:
-        return BlockVChoice(row.int("BV"), row)
-    return BlockVChoice(grid_fill_block_v(call.num_seqs, call.heads, call.head_dim_v, cu_num), None)
+        return BlockVChoice(row.int("BV"), row, mma, call.head_dim)
+    block_v = grid_fill_block_v(call.num_seqs, call.heads, call.head_dim_v, cu_num)
+    return BlockVChoice(block_v, None, mma, call.head_dim)

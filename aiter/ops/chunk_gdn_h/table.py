@@ -40,8 +40,8 @@ def _sequences_fit(row: Row) -> tuple[str, str] | None:
 
 
 def _tile_fits(row: Row) -> tuple[str, str] | None:
-    if row.int("BV") > row.int("V"):
-        return "BV", f"a V tile no wider than V ({row['V']})"
+    if row.int("V") % row.int("BV"):
+        return "BV", f"a V tile width that divides V ({row['V']})"
     return None
 
 

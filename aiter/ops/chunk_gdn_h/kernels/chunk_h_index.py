@@ -109,3 +109,87 @@ def h_offset(chunk_row, head, kk, vv, heads: int, head_dim: int, head_dim_v: int
 def state_offset(seq, head, kk, vv, heads: int, head_dim: int, head_dim_v: int):
     """Initial and final states [N, H, K, V]."""
     return ((seq * heads + head) * head_dim + kk) * head_dim_v + vv
+
+
+# --- the work-group's lanes -------------------------------------------------------------------
+#
+# A work-group has one wave per 16 value columns of its V tile: the wave owns that strip of the
+# state, [K, 16], as K / 16 MMA accumulator tiles, and computes v_new for it. Both products of a
+# chunk run on 16x16 MMA tiles, contracting 32 indices per MMA call:
+#   v_new[t, :] = u - w h       (rows t, contraction over K),
+#   h += k^T v_new'             (rows of K, contraction over the chunk's tokens),
+# and each takes one operand straight from the other's accumulators: a lane holds column
+# lane % 16 and rows (lane // 16) * rpl + e (e < rpl = 256 / wave size) of each tile. So a
+# contraction block b of 32 indices pairs MMA slot j of lane group lane // 16 with index
+# contraction_index(b, lane, j): the lane's rows of tile 2b, then of tile 2b + 1. The other
+# operand (w's rows, k^T's rows from LDS) is read in that order: two runs of rpl per block.
+
+WAVE_SIZE = {"mfma": 64, "wmma": 32}
+MMA_MN = 16
+CONTRACTION_BLOCK = 32
+KT_PAD = 4  # elements of padding per row of the k^T tile in LDS (spreads rows over banks)
+K_PIECE = 8  # k's elements per 16-byte piece: a thread copies 4 tokens x 8 of them
+TOKEN_QUAD = 4
+
+
+def waves(block_v: int) -> int:
+    return block_v // MMA_MN
+
+
+def threads(block_v: int, mma: str) -> int:
+    return waves(block_v) * WAVE_SIZE[mma]
+
+
+def rows_per_lane(wave_size: int) -> int:
+    """Accumulator elements a lane holds per 16x16 tile."""
+    return MMA_MN * MMA_MN // wave_size
+
+
+def lane_row(lane, e, wave_size: int):
+    """Row inside a 16x16 accumulator tile of a lane's element e."""
+    return (lane // MMA_MN) * rows_per_lane(wave_size) + e
+
+
+def lane_col(lane):
+    """Column inside a 16x16 tile a lane holds (accumulators), or the operand row it feeds."""
+    return lane % MMA_MN
+
+
+def contraction_index(block, lane, j, wave_size: int):
+    """The contraction index of MMA slot j of a lane in contraction block `block`."""
+    rpl = rows_per_lane(wave_size)
+    return block * CONTRACTION_BLOCK + (j // rpl) * MMA_MN + lane_row(lane, j % rpl, wave_size)
+
+
+def value_col(tile, wave, lane, block_v: int):
+    """The value column of V a lane's accumulators hold: its wave's strip of the V tile."""
+    return tile * block_v + wave * MMA_MN + lane_col(lane)
+
+
+def kt_lds_offset(kk, t, chunk_size: int):
+    """Element offset of k^T[kk, t] in the LDS tile: K rows of chunk_size tokens, padded."""
+    return kk * (chunk_size + KT_PAD) + t
+
+
+def kt_lds_elements(head_dim: int, chunk_size: int) -> int:
+    return head_dim * (chunk_size + KT_PAD)
+
+
+def k_copy_items(head_dim: int, chunk_size: int) -> int:
+    """Pieces of a chunk's k tile: 4 tokens x 8 key columns each."""
+    return (chunk_size // TOKEN_QUAD) * (head_dim // K_PIECE)
+
+
+def k_copy_steps(head_dim: int, chunk_size: int, block_threads: int) -> int:
+    return -(-k_copy_items(head_dim, chunk_size) // block_threads)
+
+
+def k_copy_item(step, tid, block_threads: int, head_dim: int, chunk_size: int):
+    """(first token, first key column, real) of a thread's copy item at `step`: the token
+    quads vary fastest. Past the last item (real false) the column is clamped into the tile:
+    the thread loads but does not write."""
+    item = step * block_threads + tid
+    quads = chunk_size // TOKEN_QUAD
+    real = item < k_copy_items(head_dim, chunk_size)
+    octet = (item // quads) % (head_dim // K_PIECE)
+    return (item % quads) * TOKEN_QUAD, octet * K_PIECE, real
