@@ -40,7 +40,7 @@ def _launchers():
 
 def test_every_family_has_launchers() -> None:
     families = {name.split(".")[2] for name, _ in _launchers()}
-    assert families == {"gemm", "moe", "conv3d", "fmha_fp8"}
+    assert families == {"gemm", "moe", "conv3d", "fmha_fp8", "chunk_gdn_h"}
 
 
 @pytest.mark.parametrize(

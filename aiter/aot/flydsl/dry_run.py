@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode, unset_fake_temporarily
 
 from aiter import device
 from aiter import flydsl_bridge as bridge
@@ -104,6 +104,13 @@ def _fake_contiguous(original):
         return torch.ops.aten.clone.default(self, memory_format=memory_format)
 
     return contiguous
+
+
+def host_tensor(values: list[int], dtype: torch.dtype) -> torch.Tensor:
+    """A real CPU tensor of `values`, also inside a dry run: for an argument whose values the
+    host code reads (a varlen batch's cu_seqlens), where a FakeTensor has none."""
+    with unset_fake_temporarily():
+        return torch.tensor(values, dtype=dtype)
 
 
 def _patch(stack: ExitStack, owner: Any, name: str, replacement: Any) -> None:

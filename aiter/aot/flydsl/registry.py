@@ -17,6 +17,7 @@ MODULES: dict[str, str] = {
     "moe": "aiter.aot.flydsl.moe",
     "conv3d": "aiter.aot.flydsl.conv3d",
     "fmha_fp8": "aiter.aot.flydsl.fmha_fp8",
+    "chunk_gdn_h": "aiter.aot.flydsl.chunk_gdn_h",
 }
 # More modules for one run (tests, out-of-tree operator families): import paths, comma-separated.
 EXTRA_MODULES_ENV = "AITER_AOT_EXTRA_MODULES"

@@ -33,23 +33,26 @@ def legal_block_vs(head_dim_v: int) -> tuple[int, ...]:
     return tuple(b for b in BLOCK_VS if head_dim_v % b == 0)
 
 
+GRID_FILL = 1  # work-groups per CU the rule asks of a wider V tile
+
+
 def grid_fill_block_v(num_seqs: int, heads: int, head_dim_v: int, cu_num: int) -> int:
-    """The widest legal BV with num_seqs * heads * ceil(V / BV) >= cu_num, else the narrowest
-    (the grid is then as large as the kernel can make it)."""
+    """The widest legal BV with num_seqs * heads * V / BV >= GRID_FILL * cu_num, else the
+    narrowest (the grid is then as large as the kernel can make it)."""
     legal = legal_block_vs(head_dim_v)
     for block_v in reversed(legal):
-        if grid_size(num_seqs, heads, head_dim_v, block_v) >= cu_num:
+        if grid_size(num_seqs, heads, head_dim_v, block_v) >= GRID_FILL * cu_num:
             return block_v
     return legal[0]
 
 
 def block_v_switch_points(heads: int, head_dim_v: int, cu_num: int) -> list[int]:
     """The sequence counts at which grid_fill_block_v changes, ascending: the smallest N whose
-    grid at each wider BV reaches cu_num. The AOT grid puts these on the N axis."""
+    grid at each wider BV reaches GRID_FILL * cu_num. The AOT grid puts these on the N axis."""
     points = []
     for block_v in legal_block_vs(head_dim_v)[1:]:
         per_seq = grid_size(1, heads, head_dim_v, block_v)
-        point = -(-cu_num // per_seq)
+        point = -(-(GRID_FILL * cu_num) // per_seq)
         if point > 1:
             points.append(point)
     return sorted(set(points))
