@@ -15,12 +15,13 @@ from flydsl.compiler.jit_argument import JitArgumentRegistry, TorchTensorJitArg
 
 from aiter import dispatch
 from aiter import flydsl_bridge as bridge
-from aiter.aot.flydsl import conv3d, fmha_fp8, gemm, moe
+from aiter.aot.flydsl import chunk_gdn_h, conv3d, fmha_fp8, gemm, moe
 from aiter.aot.flydsl.dry_run import dry_run
 from aiter.ops.shared.kernel_tensors import kernel_tensor
 
 ARCH, CU_NUM = "gfx942", 304
-FAMILIES = {"gemm": gemm, "moe": moe, "conv3d": conv3d, "fmha_fp8": fmha_fp8}
+FAMILIES = {"gemm": gemm, "moe": moe, "conv3d": conv3d, "fmha_fp8": fmha_fp8,
+            "chunk_gdn_h": chunk_gdn_h}  # fmt: skip
 JOBS_PER_FAMILY = 8
 
 

@@ -7,6 +7,7 @@ edit of the AOT module.
 from __future__ import annotations
 
 import random
+import shutil
 import textwrap
 from pathlib import Path
 
@@ -14,7 +15,15 @@ import pytest
 
 from aiter.ops.chunk_gdn_h import plan
 from aiter.ops.chunk_gdn_h.table import CHUNK_GDN_H
-from tests.aot_cli import replay_reports, serve_from_cache
+from tests.aot_cli import (
+    lines_starting,
+    manifest_entries,
+    observed_calls_script,
+    replay_reports,
+    result_of,
+    serve_from_cache,
+    serve_with_fallback,
+)
 
 pytestmark = pytest.mark.slow  # builds a chunk_gdn_h cache
 
@@ -195,3 +204,47 @@ def test_the_rule_the_rows_assume():
         64,
         64,
     ]
+
+
+FALLBACK = observed_calls_script(
+    "gfx942",
+    304,
+    """
+    e = lambda *s, d=torch.bfloat16: torch.empty(s, dtype=d, device="cuda")
+    for _ in range(2):  # 6 sequences of 500 tokens: the rule's BV 64
+        aiter.chunk_gated_delta_rule_fwd_h(
+            e(6, 500, 16, 128), e(6, 500, 32, 128), e(6, 500, 32, 128),
+            g=e(6, 500, 32, d=torch.float32), initial_state=e(6, 32, 128, 128, d=torch.float32),
+            output_final_state=True)
+    """,
+)
+
+
+def test_the_fallback_serves_a_deleted_tile_width_with_another(built, setup, tmp_path):
+    env, _ = setup
+    cache = Path(shutil.copytree(built[2], tmp_path / "cache"))
+
+    def dense_bv(width):
+        return lambda e: f"block_v={width} " in e.params and "varlen=False" in e.params
+
+    doomed = manifest_entries(cache, "gfx942", "chunk_gdn_h", dense_bv(64))
+    assert doomed and manifest_entries(cache, "gfx942", "chunk_gdn_h", dense_bv(32))
+    proc = serve_with_fallback(FALLBACK, env, cache, tmp_path, doomed)
+    planned, used = "flydsl_chunk_gdn_h_mfma_k128_bv64", "flydsl_chunk_gdn_h_mfma_k128_bv32"
+    assert lines_starting(proc.stderr, "LOG aiter.jit ") == [
+        f"LOG aiter.jit WARNING chunk_gated_delta_rule_fwd_h: kernel {planned} is not in the "
+        f"kernel cache; serving it with the cached equivalent {used} instead "
+        "(AITER_AOT_FALLBACK=1: the same result, another V-tile width (the same arithmetic per "
+        "value column))"
+    ]
+    records = result_of(proc)
+    assert [kernel for kernel, _ in records] == [used, used]
+    assert all(params["fallback_from"] == planned for _, params in records)
+
+
+def test_a_miss_under_run_only_carries_the_monitors_message(setup, tmp_path):
+    env, _ = setup
+    proc = serve_from_cache(FALLBACK, [], env, tmp_path / "empty", tmp_path)
+    assert proc.returncode != 0
+    assert "chunk_gated_delta_rule_fwd_h" in proc.stderr and "block_v" in proc.stderr
+    assert "python -m aiter.aot.flydsl" in proc.stderr, proc.stderr[-3000:]
