@@ -22,12 +22,14 @@ import torch
 
 from aiter import dispatch
 from aiter import flydsl_bridge as bridge
+from aiter.aot.flydsl import chunk_gdn_h as gdn_module
 from aiter.aot.flydsl import conv3d as conv3d_module
 from aiter.aot.flydsl import fmha_fp8 as fmha_module
 from aiter.aot.flydsl import gemm as gemm_module
 from aiter.aot.flydsl import moe as moe_module
 from aiter.aot.flydsl.dry_run import dry_run
 from aiter.aot.flydsl.jobs import row_ref
+from aiter.ops.chunk_gdn_h.table import CHUNK_GDN_H
 from aiter.ops.conv3d.table import CONV3D
 from aiter.ops.fmha_fp8.table import FMHA_FP8
 from aiter.ops.gemm.table import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16
@@ -327,3 +329,45 @@ def test_fmha_fp8_argument_space(layout, tmp_path, monkeypatch) -> None:
         )
     names = ("q", "k", "v", "q_descale", "num_kv_splits")
     check_points(fmha_module, row, points, names, looked_up=False)
+
+
+@pytest.mark.slow  # naming a row's whole grid takes seconds
+@pytest.mark.parametrize("varlen", ["0", "1"])
+def test_chunk_gdn_h_argument_space(varlen) -> None:
+    from aiter.aot.flydsl.dry_run import host_tensor
+    from aiter.ops.chunk_gdn_h.entry import chunk_gated_delta_rule_fwd_h
+
+    row = first_row(CHUNK_GDN_H, N="1", is_varlen=varlen)
+    h, hg, k, v = (row.int(c) for c in ("H", "Hg", "K", "V"))
+    tokens = row.int("T_flat")
+    points = []
+    for dtype, g, gk, h0, final, save, cu in itertools.product(
+        FLOATS,
+        (None, torch.float32, torch.bfloat16),
+        (None, torch.float32),
+        (None, *FLOATS),
+        (False, True),
+        (True, False),
+        (None, torch.int32, torch.int64),
+    ):
+        if (cu is None) == (varlen == "1"):
+            continue  # the other layout's points belong to its own row
+
+        def call(dtype=dtype, g=g, gk=gk, h0=h0, final=final, save=save, cu=cu):
+            b, t = (1, tokens) if cu is not None else (1, tokens)
+            return chunk_gated_delta_rule_fwd_h(
+                empty((b, t, hg, k), dtype), empty((b, t, h, k), dtype),
+                empty((b, t, h, v), dtype),
+                g=empty((b, t, h), g) if g is not None else None,
+                gk=empty((b, t, h, k), gk) if gk is not None else None,
+                initial_state=empty((1, h, k, v), h0) if h0 is not None else None,
+                output_final_state=final, save_new_value=save,
+                cu_seqlens=host_tensor([0, tokens], cu) if cu is not None else None,
+            )  # fmt: skip
+
+        points.append(
+            Point(f"dtype={dtype} g={g} gk={gk} h0={h0} final={final} save={save} cu={cu}", call)
+        )
+    names = ("k", "w", "u", "g", "gk", "initial_state", "cu_seqlens")
+    counts = check_points(gdn_module, row, points, names)
+    assert counts["refused"] and counts["elsewhere"], counts

@@ -5,8 +5,8 @@ A row serves its layer (head dims, heads, dtype, gates and states, dense or varl
 number of sequences up to its N and every total token count up to its T_flat (cut at
 `--max-tokens`): its own BV where N is its N and the tokens fall in its bucket, the grid-fill
 rule's elsewhere. Calls take each axis at the edges (1, the top, both sides of the rule's
-switches and of the row's own N and T_flat) paired with each other, and at random; varlen
-batches are ragged (random lengths, empty sequences included).
+switches and of the row's own N and T_flat) paired with each other, and at random, with fp32
+or bf16 gates; varlen batches are ragged (random lengths, empty sequences included).
 """
 
 from __future__ import annotations
@@ -89,6 +89,7 @@ def _calls(draw, rows: list[dict], top: int) -> list[dict]:
         for n, t in points:
             call = {"row": f"{CHUNK_GDN_H.short_name}:{line}", "seqs": n, "tokens": t,
                     **{c: row[c] for c in CHUNK_GDN_H.header if c not in ("us", "BV")}}  # fmt: skip
+            call["gate_dtype"] = draw(st.sampled_from(("float32", "bfloat16")))
             if row["is_varlen"]:
                 cuts = sorted(draw(st.integers(0, t)) for _ in range(n - 1))
                 call["cu_seqlens"] = [0, *cuts, t]
@@ -107,11 +108,11 @@ def serve(call):
         cu = host_tensor(call["cu_seqlens"], torch.int32)
     else:
         b, t, cu = n, max(1, call["tokens"] // n), None
-    f32 = torch.float32
+    f32, gate = torch.float32, getattr(torch, call["gate_dtype"])
     aiter.chunk_gated_delta_rule_fwd_h(
         empty((b, t, hg, k), dtype), empty((b, t, h, k), dtype), empty((b, t, h, v), dtype),
-        g=empty((b, t, h), f32) if call["use_g"] else None,
-        gk=empty((b, t, h, k), f32) if call["use_gk"] else None,
+        g=empty((b, t, h), gate) if call["use_g"] else None,
+        gk=empty((b, t, h, k), gate) if call["use_gk"] else None,
         initial_state=empty((n, h, k, v), f32) if call["use_h0"] else None,
         output_final_state=bool(call["store_fs"]), chunk_size=call["BT"],
         save_new_value=bool(call["save_vn"]), cu_seqlens=cu)

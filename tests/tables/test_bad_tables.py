@@ -16,6 +16,7 @@ import aiter
 from aiter import dispatch
 from aiter import flydsl_bridge as bridge
 from aiter.aot.flydsl.dry_run import dry_run
+from aiter.ops.chunk_gdn_h.table import CHUNK_GDN_H
 from aiter.ops.conv3d.table import CONV3D
 from aiter.ops.fmha_fp8.table import FMHA_FP8
 from aiter.ops.gemm.table import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16
@@ -82,7 +83,16 @@ FAMILIES = {
             _t(8, 2048, 256, dtype=BF16), _t(n, 2), _t(n, 2, dtype=I32))),
         good=32, bad=(64, 50)),
     "fmha_fp8": Family(FMHA_FP8, "gfx942,304,8,1,128,128,dense,1,8,8,m"),  # no entry reads it
+    # 8 varlen sequences; 5 tokens fall in the 8-token row's bucket.
+    "chunk_gdn_h": Family(CHUNK_GDN_H, "gfx942,304,torch.bfloat16,128,128,64,32,16,1,1,0,0,1,1,8,8,64,",
+        lambda t: _served(304, lambda: aiter.chunk_gated_delta_rule_fwd_h(
+            _t(1, t, 16, 128, dtype=BF16), _t(1, t, 32, 128, dtype=BF16), _t(1, t, 32, 128, dtype=BF16),
+            g=_t(1, t, 32), output_final_state=True, cu_seqlens=SEQLENS[t]))),
 }  # fmt: skip
+
+
+# Host tensors of 8 sequences over t tokens, made outside any dry run: the entry reads them.
+SEQLENS = {t: torch.tensor([t * i // 8 for i in range(9)], dtype=I32) for t in (4, 5, 8)}
 
 
 def _case(family: str, column: str, value: str, message: str, **more: str):
@@ -135,6 +145,9 @@ AT_LOAD = [
     _case("moe", "kernelName2", MOE2, _grammar("flydsl_moe2", MOE2, "_<atomic|reduce>")),
     _case("fmha_fp8", "layout", "sparse", "expected one of dense, varlen, found 'sparse'"),
     _case("fmha_fp8", "head_dim", "32", "expected an integer from 64 to 256, found '32'"),
+    _case("chunk_gdn_h", "BV", "48", "expected one of 16, 32, 64, found '48'"),
+    _case("chunk_gdn_h", "BV", "64", "expected a V tile width that divides V (96), found '64'", V="96"),
+    _case("chunk_gdn_h", "H", "24", "expected a multiple of Hg (16): value heads share key heads in groups, found '24'"),
     _case("moe", "inter_dim", "100", "expected a multiple of 8, found '100'"),
     _case("moe", "model_dim", "2080", "expected a multiple of 64, found '2080'"),
     # A constraint between cells: fp8 weights are covered in 16-wide K steps.

@@ -33,7 +33,8 @@ def chunk_gated_delta_rule_fwd_h(
 
     k [B, T, Hg, K] (Hg key heads), w [B, T, H, K], u [B, T, H, V] (H value heads, a multiple of
     Hg), bf16 or fp16; g [B, T, H] and/or gk [B, T, H, K]: chunk-local cumulative log2 gates (a
-    chunk decays the state by exp2 of the gate at its last token); initial_state [N, H, K, V]
+    chunk decays the state by exp2 of the gate at its last token; fp32, or bf16/fp16, which is
+    converted to fp32 first); initial_state [N, H, K, V]
     fp32. Varlen: B = 1 and cu_seqlens [N + 1] (int32 or int64; read on the host, so a host
     copy saves a device sync). Returns h [B, NT, H, K, V] (the state at each chunk's start, in
     k's dtype), v_new = u - w h per chunk (u's shape and dtype) when save_new_value, and the
@@ -48,6 +49,10 @@ def chunk_gated_delta_rule_fwd_h(
         raise NotImplementedError(
             f"chunk_gated_delta_rule_fwd_h has no FlyDSL kernel for {device.arch()} ({mma})"
         )
+    # The kernel reads fp32 gates: a gate of another dtype is converted here, so that a
+    # table row (which does not record the gates' dtype) names one kernel.
+    g = g if g is None or g.dtype == STATE_DTYPE else g.to(STATE_DTYPE)
+    gk = gk if gk is None or gk.dtype == STATE_DTYPE else gk.to(STATE_DTYPE)
     choice = gdn_plan.choose_block_v(call, device.arch(), device.cu_num(), mma)
     cu_device = offsets_device = None
     if call.varlen:
@@ -89,9 +94,8 @@ def chunk_gated_delta_rule_fwd_h(
         planned = choice
         variants = gdn_plan.equivalent_choices(planned, call.head_dim_v)
         # What selects kernels besides BV: the arch, dtypes, head dim and flags.
-        signature = (device.arch(), device.cu_num(), k.dtype,
-                     None if g is None else g.dtype, None if gk is None else gk.dtype,
-                     call.head_dim, tuple(sorted(flags.items())))  # fmt: skip
+        signature = (device.arch(), device.cu_num(), k.dtype, call.head_dim,
+                     tuple(sorted(flags.items())))  # fmt: skip
         differs = "another V-tile width (the same arithmetic per value column)"
         choice = jit_monitor.cached_equivalent(gdn_plan.OP, signature, planned, variants,
                                                launch, gdn_plan.describe, differs)  # fmt: skip
