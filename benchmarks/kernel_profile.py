@@ -1,6 +1,7 @@
-"""Static ISA profile of the repository's GEMM-shaped kernels and the fp8 attention forward: per
-main-loop iteration per wave (a k-tile, or a key block for attention), what the compiled code
-loads, stages through LDS and multiplies, from FlyDSL's ISA listings.
+"""Static ISA profile of the repository's GEMM-shaped kernels, the fp8 attention forward and the
+chunk_gdn_h pass: per main-loop iteration per wave (a k-tile, a key block for attention, a
+chunk for chunk_gdn_h), what the compiled code loads, stages through LDS and multiplies, from
+FlyDSL's ISA listings.
 
     .venv/bin/python benchmarks/kernel_profile.py [--arch gfx942,gfx950,gfx1250]
         [--kernel a16w16 ...] [--json PATH] [--keep-listings DIR]
@@ -35,7 +36,7 @@ from aiter.flydsl_bridge import listing as isa  # noqa: E402
 
 GEMM_KERNELS = ("a16w16", "a8w8_bpreshuffle", "a8w8_blockscale", "moe_stage1", "moe_stage2",
                 "conv3d")  # fmt: skip
-KERNELS = (*GEMM_KERNELS, "fmha_fp8")
+KERNELS = (*GEMM_KERNELS, "fmha_fp8", "chunk_gdn_h")
 MARK = "@@kernel_profile "  # prefix of the child's result lines (FlyDSL prints to stdout too)
 CHILD_TIMEOUT = 1800
 
@@ -53,6 +54,10 @@ CONV_SHAPES = dict(x=(2, 64, 8, 16, 16), w=(128, 64, 3, 3, 3), padding=1)
 # fp8 attention: (block_m, D, Dv) per config, causal, no split; the main loop is the key loop.
 FMHA_TILES = ((128, 128, 128), (64, 128, 128), (128, 192, 128), (128, 256, 256), (64, 256, 256))
 FMHA_SIZES = dict(batch=2, seqlen_q=512, seqlen_k=512, heads=8, kv_heads=2)
+# chunk_gdn_h: (K, BV) per config, scalar gates, initial and final state, dense; the main loop
+# is the chunk loop.
+GDN_TILES = ((128, 64), (128, 16), (256, 64), (64, 32))
+GDN_SIZES = dict(batch=2, seqlen=512, heads=8, key_heads=4, head_dim_v=128)
 
 
 def default_configs(arch: str) -> list[dict]:
@@ -76,6 +81,7 @@ def default_configs(arch: str) -> list[dict]:
         dict(kernel="conv3d", tile=(128, 128, 2, 2, 1), dtype="bfloat16"),
     ]
     configs += [dict(kernel="fmha_fp8", tile=t, dtype=fp8) for t in FMHA_TILES]
+    configs += [dict(kernel="chunk_gdn_h", tile=t, dtype="bfloat16") for t in GDN_TILES]
     return [dict(cfg, mma=mma, tile=list(cfg["tile"])) for cfg in configs]
 
 
@@ -118,6 +124,8 @@ def config_label(cfg: dict) -> str:
         shape = f"{tile[0]}x{tile[1]} w{tile[2]}x{tile[3]}"
     if cfg["kernel"] == "fmha_fp8":
         shape = f"bm{tile[0]} d{tile[1]}x{tile[2]}"
+    if cfg["kernel"] == "chunk_gdn_h":
+        shape = f"k{tile[0]} bv{tile[1]}"
     short = {"bfloat16": "bf16", "float16": "f16", "int8": "i8"}
     mode = f" {cfg['mode']}" if cfg.get("mode", MOE_STAGE2_MODE) != MOE_STAGE2_MODE else ""
     return f"{shape} {short.get(cfg['dtype'], 'fp8')}{mode}"
@@ -227,6 +235,22 @@ def _launch_fmha(cfg: dict, dtype) -> None:
     )  # fmt: skip
 
 
+def _launch_gdn(cfg: dict, dtype) -> None:
+    from aiter.ops.chunk_gdn_h.kernels import chunk_h as ch
+    from aiter.ops.chunk_gdn_h.kernels.chunk_h_index import num_chunks
+
+    s = GDN_SIZES
+    k, block_v = cfg["tile"]
+    b, t, h, hg, v = s["batch"], s["seqlen"], s["heads"], s["key_heads"], s["head_dim_v"]
+    ch.launch_chunk_gdn_h(
+        _empty(b, t, hg, k, dtype=dtype), _empty(b, t, h, k, dtype=dtype),
+        _empty(b, t, h, v, dtype=dtype), _empty(b, t, h), None,
+        _empty(b, num_chunks(t, 64), h, k, v, dtype=dtype), _empty(b, t, h, v, dtype=dtype),
+        _empty(b, h, k, v), _empty(b, h, k, v), None, None, num_seqs=b, chunk_size=64,
+        block_v=block_v, mma=cfg["mma"],
+    )  # fmt: skip
+
+
 _LAUNCHERS = {
     "a16w16": _launch_a16w16,
     "a8w8_bpreshuffle": _launch_a8w8,
@@ -235,6 +259,7 @@ _LAUNCHERS = {
     "moe_stage2": _launch_moe,
     "conv3d": _launch_conv3d,
     "fmha_fp8": _launch_fmha,
+    "chunk_gdn_h": _launch_gdn,
 }
 
 
