@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.aiter-installed
 
-.PHONY: aot test lint format venv clean-venv
+.PHONY: aot test fast lint format venv clean-venv
 
 $(STAMP): setup.py pyproject.toml $(wildcard csrc/*)
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,10 @@ aot: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# The inner loop: everything but the slow tests, over the machine's two cores.
+fast: $(STAMP)
+	$(PY) -m pytest -m "not slow" -n 2 --dist worksteal
 
 lint: $(STAMP)
 	$(PY) -m ruff check .

@@ -121,6 +121,13 @@ setup(
         "ziglang==0.17.1",
     ],
     extras_require={
-        "dev": ["pytest==9.2.0", "hypothesis==6.170.17", "black==26.10.1", "ruff==0.17.6"]
+        "dev": [
+            "pytest==9.2.0",
+            "pytest-xdist==3.8.0",  # the inner loop's two workers (make fast)
+            "execnet==2.1.2",
+            "hypothesis==6.170.17",
+            "black==26.10.1",
+            "ruff==0.17.6",
+        ]
     },
 )

@@ -395,7 +395,7 @@ def _phase_reads(lds: Lds, mma: str, block_m: int, d: int, dv: int) -> None:
 @pytest.mark.parametrize(
     ("mma", "block_m", "d", "dv"),
     fast_first([("mfma", 64, 128, 128), ("mfma", 128, 192, 128), ("mfma", 64, 96, 160),
-                ("wmma", 64, 256, 64), ("wmma", 128, 160, 96)], {2, 3}),
+                ("wmma", 64, 256, 64), ("wmma", 128, 160, 96)], {3}),
 )  # fmt: skip
 def test_lds_phases_have_no_races(mma: str, block_m: int, d: int, dv: int) -> None:
     """The key loop's LDS phases, two blocks: barrier, every wave writes its K and V copies,
@@ -829,10 +829,10 @@ def _lse_as_heads_rows(lse: torch.Tensor, case: dict, rows: int, hq: int) -> tor
     return lse.view(case["b"], hq, case["sq"]).transpose(0, 1).reshape(hq, rows)
 
 
-# The inner loop keeps a case of each kind (causal, split, GQA, varlen, wmma); the four
-# largest run in `make test`.
+# The inner loop keeps a case of each kind (causal, split and interleaved, a growing max,
+# varlen on wmma); the others run in `make test`.
 @pytest.mark.parametrize(
-    "case", fast_first(CASES, {0, 1, 4, 5, 6, 7, 9}, [str(i) for i in range(len(CASES))])
+    "case", fast_first(CASES, {0, 1, 6, 9}, [str(i) for i in range(len(CASES))])
 )
 def test_emulation_matches_sdpa(case: dict) -> None:
     """With fp32 P the emulated kernels equal SDPA up to fp32 rounding; with P rounded to fp8

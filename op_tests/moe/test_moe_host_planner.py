@@ -25,7 +25,8 @@ MODELS = [
     pytest.param(256, 8, 7168, 2048, id="deepseek-v3-ep8"),
     pytest.param(64, 6, 2048, 1408, id="deepseek-v2-lite"),
 ]
-CU_NUMS = [80, 256, 304]
+# 304 CUs in the inner loop, every count in `make test`.
+CU_NUMS = [pytest.param(80, marks=pytest.mark.slow), pytest.param(256, marks=pytest.mark.slow), 304]
 # Every token count up to 4096 (all block_m and ksplit switches of MODELS lie there), then a
 # coarse walk through the tiers, with each tier's edges.
 TOKENS = [

@@ -471,14 +471,14 @@ EDGE_CASES = [
 # A block-by-block emulation costs about half a second a case: the first edge cases run in the
 # inner loop, the other edge cases, the multi-chunk ones and the random ones in `make test`.
 @pytest.mark.parametrize(
-    "case", fast_first([(c,) for c in EDGE_CASES + _random_cases(110, seed=7)], 6)
+    "case", fast_first([(c,) for c in EDGE_CASES + _random_cases(110, seed=7)], 3)
 )
 def test_emulation_matches_reference_and_contract(case) -> None:
     run_case(*case)
 
 
 @pytest.mark.parametrize(
-    "case", fast_first([(c,) for c in EDGE_CASES[:4] + EDGE_CASES[15:18] + _random_cases(20, 8)], 2)
+    "case", fast_first([(c,) for c in EDGE_CASES[:4] + EDGE_CASES[15:18] + _random_cases(20, 8)], 1)
 )
 def test_wave32_emulation_matches_reference(case) -> None:
     """gfx1250's wave32: eight waves of a block, 32-lane ballots."""

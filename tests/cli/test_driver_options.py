@@ -77,7 +77,7 @@ def test_module_answers_to_its_report_name_and_its_import_path() -> None:
 def test_an_unknown_module_lists_the_registered_ones() -> None:
     with pytest.raises(
         ValueError,
-        match="--module nope: no such AOT module; registered: conv3d, fmha_fp8, gemm, moe",
+        match="--module nope: no such AOT module; registered: chunk_gdn_h, conv3d, fmha_fp8, gemm, moe",
     ):
         registry.select(["nope"])
 

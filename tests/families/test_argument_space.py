@@ -137,6 +137,7 @@ def check_points(module, row: Row, points: list[Point], names, looked_up=True, m
 # --- the families ---
 
 
+@pytest.mark.slow  # 288 points; the other families' spaces stay in the inner loop
 def test_gemm_a16w16_argument_space() -> None:
     row = first_row(A16W16, libtype="flydsl")
     m, n, k = row.int("M"), row.int("N"), row.int("K")

@@ -118,7 +118,9 @@ def _max_overlap(intervals: list[tuple[float, float]]) -> int:
     return max(sum(1 for s, e in intervals if s <= start < e) for start, _ in intervals)
 
 
-@pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.parametrize(
+    "workers", [pytest.param(1, marks=pytest.mark.slow), 2, pytest.param(3, marks=pytest.mark.slow)]
+)
 def test_at_most_workers_children_at_once(tmp_path: Path, workers: int) -> None:
     def run(task: int) -> int:
         start = time.monotonic()
