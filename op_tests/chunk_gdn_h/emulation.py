@@ -33,17 +33,40 @@ class Outputs:
     written: dict[str, torch.Tensor]
 
 
+@dataclass(frozen=True)
+class _Batch:
+    """The sequences of a dense or varlen batch, as the kernel finds them."""
+
+    num_seqs: int
+    chunk_rows: int  # of h, per batch row
+    seqlen: int
+    chunk_size: int
+    cu: list[int] | None  # varlen: cu_seqlens's values, and each sequence's first chunk row
+    offsets: list[int] | None
+
+    def sequence(self, seq: int) -> tuple[int, int, int]:
+        """(first token row, tokens, first chunk row) of sequence seq."""
+        if self.cu is not None:
+            return ix.varlen_sequence(self.cu[seq], self.cu[seq + 1], self.offsets[seq])
+        return ix.dense_sequence(seq, self.seqlen, self.chunk_size)
+
+
+def _batch(k, cu_seqlens, chunk_size: int) -> _Batch:
+    batch, seqlen = k.shape[:2]
+    if cu_seqlens is None:
+        return _Batch(batch, ix.num_chunks(seqlen, chunk_size), seqlen, chunk_size, None, None)
+    cu = [int(v) for v in cu_seqlens.tolist()]
+    offsets = ix.chunk_offsets(cu, chunk_size)
+    return _Batch(len(cu) - 1, offsets[-1], seqlen, chunk_size, cu, offsets)
+
+
 def emulate(k, w, u, g, gk, initial_state, output_final_state, chunk_size, save_new_value,
             cu_seqlens, block_v: int) -> Outputs:  # fmt: skip
     batch, seqlen, key_heads, head_dim = k.shape
     heads, head_dim_v = u.shape[2], u.shape[3]
     io = k.dtype
-    if cu_seqlens is not None:
-        cu = [int(v) for v in cu_seqlens.tolist()]
-        offsets = ix.chunk_offsets(cu, chunk_size)
-        num_seqs, chunk_rows = len(cu) - 1, offsets[-1]
-    else:
-        num_seqs, chunk_rows = batch, ix.num_chunks(seqlen, chunk_size)
+    seqs = _batch(k, cu_seqlens, chunk_size)
+    num_seqs, chunk_rows = seqs.num_seqs, seqs.chunk_rows
     flat = {name: t.reshape(-1) for name, t in (("k", k), ("w", w), ("u", u)) if t is not None}
     g_flat = g.reshape(-1).float() if g is not None else None
     gk_flat = gk.reshape(-1).float() if gk is not None else None
@@ -57,10 +80,7 @@ def emulate(k, w, u, g, gk, initial_state, output_final_state, chunk_size, save_
     kk = torch.arange(head_dim)
     for pid in range(ix.grid_size(num_seqs, heads, head_dim_v, block_v)):
         seq, head, tile = ix.work_group(pid, heads, head_dim_v, block_v)
-        if cu_seqlens is not None:
-            bos, tokens, chunk0 = ix.varlen_sequence(cu[seq], cu[seq + 1], offsets[seq])
-        else:
-            bos, tokens, chunk0 = ix.dense_sequence(seq, seqlen, chunk_size)
+        bos, tokens, chunk0 = seqs.sequence(seq)
         kh = ix.key_head(head, heads, key_heads)
         cols = tile * block_v + torch.arange(block_v)
         live = cols < head_dim_v
@@ -130,12 +150,8 @@ def emulate_lanes(k, w, u, g, gk, initial_state, output_final_state, chunk_size,
     batch, seqlen, key_heads, head_dim = k.shape
     heads, head_dim_v = u.shape[2], u.shape[3]
     io = k.dtype
-    if cu_seqlens is not None:
-        cu = [int(v) for v in cu_seqlens.tolist()]
-        offsets = ix.chunk_offsets(cu, chunk_size)
-        num_seqs, chunk_rows = len(cu) - 1, offsets[-1]
-    else:
-        num_seqs, chunk_rows = batch, ix.num_chunks(seqlen, chunk_size)
+    seqs = _batch(k, cu_seqlens, chunk_size)
+    num_seqs, chunk_rows = seqs.num_seqs, seqs.chunk_rows
     kf, wf, uf = (t.reshape(-1).double() for t in (k, w, u))
     gf = g.reshape(-1).float().double() if g is not None else None
     gkf = gk.reshape(-1).float().double() if gk is not None else None
@@ -156,10 +172,7 @@ def emulate_lanes(k, w, u, g, gk, initial_state, output_final_state, chunk_size,
 
     for pid in range(ix.grid_size(num_seqs, heads, head_dim_v, block_v)):
         seq, head, tile = ix.work_group(pid, heads, head_dim_v, block_v)
-        if cu_seqlens is not None:
-            bos, tokens, chunk0 = ix.varlen_sequence(cu[seq], cu[seq + 1], offsets[seq])
-        else:
-            bos, tokens, chunk0 = ix.dense_sequence(seq, seqlen, chunk_size)
+        bos, tokens, chunk0 = seqs.sequence(seq)
         kh = ix.key_head(head, heads, key_heads)
         cols = [
             [ix.value_col(tile, wave, lane, block_v) for lane in lanes] for wave in range(nwaves)
