@@ -260,7 +260,7 @@ def test_unknown_module_lists_the_registered_ones(first):
     proc = first["nope"]
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert (
-        "--module nope: no such AOT module; registered: axis, conv3d, fmha_fp8, gemm, grid, moe"
+        "--module nope: no such AOT module; registered: axis, chunk_gdn_h, conv3d, fmha_fp8, gemm, grid, moe"
         in (proc.stderr)
     )
 
