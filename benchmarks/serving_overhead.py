@@ -1,6 +1,8 @@
 """Measures what the serving-side settings cost a call's host path: the defaults, the JIT monitor
-(`AITER_JIT=warn`) and the AOT fallback (`AITER_AOT_FALLBACK=1`, with the planned kernel cached,
-and with it deleted so that a sibling serves). Prints ratios from one run; nothing is asserted.
+(`AITER_JIT=warn`), a serving capture (`AITER_CAPTURE=PATH`: after the first call of a shape, a
+key and a dict lookup per call) and the AOT fallback (`AITER_AOT_FALLBACK=1`, with the planned
+kernel cached, and with it deleted so that a sibling serves). Prints ratios from one run;
+nothing is asserted.
 
     .venv/bin/python benchmarks/serving_overhead.py [--calls 300]
 
@@ -81,7 +83,11 @@ def delete_split4(cache: Path) -> None:
 
 
 def measure(script: Path, cache: Path, env: dict[str, str], calls: int, **settings: str) -> dict:
-    full = {k: v for k, v in env.items() if k not in ("AITER_JIT", "AITER_AOT_FALLBACK")}
+    full = {
+        k: v
+        for k, v in env.items()
+        if k not in ("AITER_JIT", "AITER_AOT_FALLBACK", "AITER_CAPTURE")
+    }
     full |= {"FLYDSL_RUNTIME_CACHE_DIR": str(cache), "FLYDSL_RUNTIME_RUN_ONLY": "1", **settings}
     proc = subprocess.run(
         [sys.executable, str(script), str(calls)], cwd=REPO, env=full, capture_output=True,
@@ -105,6 +111,9 @@ def main() -> None:
         results = {
             "defaults": measure(script, cache, env, args.calls),
             "AITER_JIT=warn": measure(script, cache, env, args.calls, AITER_JIT="warn"),
+            "AITER_CAPTURE": measure(
+                script, cache, env, args.calls, AITER_CAPTURE=str(work / "capture.jsonl")
+            ),
             "fallback, kernel cached": measure(
                 script, cache, env, args.calls, AITER_AOT_FALLBACK="1"
             ),

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from aiter import device, dispatch, jit_monitor
+from aiter import capture, device, dispatch, jit_monitor
 from aiter.ops.chunk_gdn_h import plan as gdn_plan
 from aiter.ops.chunk_gdn_h.arguments import STATE_DTYPE, check_call
 
@@ -17,6 +17,7 @@ __all__ = ["chunk_gated_delta_rule_fwd_h"]
 SEQLENS_DTYPE = torch.int32  # what the kernel reads
 
 
+@capture.entry("chunk_gated_delta_rule_fwd_h")
 def chunk_gated_delta_rule_fwd_h(
     k: torch.Tensor,
     w: torch.Tensor,

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import torch
 
-from aiter import device, dispatch, jit_monitor
+from aiter import capture, device, dispatch, jit_monitor
 from aiter.ops.conv3d import plan as conv3d_plan
 from aiter.ops.conv3d import table as conv3d_table
 from aiter.ops.conv3d.table import LAYOUTS
@@ -80,6 +80,7 @@ def _as_gemm(x_ndhwc, weight, bias, output_layout) -> torch.Tensor:
     return _to_layout(y, output_layout)
 
 
+@capture.entry("conv3d")
 def conv3d(
     x: torch.Tensor,
     weight: torch.Tensor,

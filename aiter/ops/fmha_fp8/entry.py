@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from aiter import device, dispatch, jit_monitor
+from aiter import capture, device, dispatch, jit_monitor
 from aiter.ops.fmha_fp8 import plan as fmha_plan
 from aiter.ops.fmha_fp8.kernels.flash_attn_index import COMBINE_BLOCK, grid_size, num_q_blocks
 
@@ -64,6 +64,7 @@ def _positive(name: str, value: object) -> int:
     return value
 
 
+@capture.entry("flash_attn_fp8")
 def flash_attn_fp8(
     q: torch.Tensor,
     k: torch.Tensor,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from aiter import device, dispatch
+from aiter import capture, device, dispatch
 from aiter.ops.gemm import plan as gemm_plan
 from aiter.ops.gemm import table as gemm_table
 from aiter.ops.gemm.kernels.a8w8 import (
@@ -71,6 +71,7 @@ def _validate_a16w16(A, B, bias, out_dtype) -> torch.dtype:
     return out_dtype
 
 
+@capture.entry("gemm_a16w16")
 def gemm_a16w16(
     A: torch.Tensor,
     B: torch.Tensor,
@@ -235,6 +236,7 @@ def _args(XQ, WQ, x_scale, w_scale, out_dtype, weight_layout: str):
     return args
 
 
+@capture.entry("gemm_a8w8_bpreshuffle")
 def gemm_a8w8_bpreshuffle(
     XQ: torch.Tensor,
     WQ: torch.Tensor,
@@ -271,6 +273,7 @@ def gemm_a8w8_bpreshuffle(
     return _launch(launch_gemm_a8w8_bpreshuffle, served, XQ, WQ, x_scale, w_scale, out_dtype, args)
 
 
+@capture.entry("gemm_a8w8_blockscale")
 def gemm_a8w8_blockscale(
     XQ: torch.Tensor,
     WQ: torch.Tensor,

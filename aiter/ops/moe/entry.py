@@ -8,7 +8,7 @@ import dataclasses
 
 import torch
 
-from aiter import device, dispatch, jit_monitor
+from aiter import capture, device, dispatch, jit_monitor
 from aiter.ops.moe import host_planner as moe_host
 from aiter.ops.moe.kernels.sorting_index import MAX_TOPK
 from aiter.ops.moe.kernels.stages_index import (
@@ -61,6 +61,7 @@ def _positive_int(name: str, value: object) -> int:
     return value
 
 
+@capture.entry("fused_topk")
 def fused_topk(
     hidden_states: torch.Tensor, gating_output: torch.Tensor, topk: int, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -154,6 +155,7 @@ def _sort(
     return sorted_ids, sorted_weights, sorted_expert_ids, num_valid_ids
 
 
+@capture.entry("moe_sorting")
 def moe_sorting(
     topk_ids: torch.Tensor,
     topk_weights: torch.Tensor,
@@ -273,6 +275,7 @@ def _shape(
     )
 
 
+@capture.entry("fused_moe")
 def fused_moe(
     hidden_states: torch.Tensor,
     w1: torch.Tensor,
