@@ -49,7 +49,7 @@ def _describe_tensor(t: Any) -> dict[str, Any]:
     if (t.device.type == "cpu" and not t.dtype.is_floating_point and t.dtype != torch.bool
             and t.numel() <= HOST_VALUES_LIMIT):  # fmt: skip
         with contextlib.suppress(RuntimeError):  # a FakeTensor has none
-            out["values"] = [int(v) for v in t.tolist()]
+            out["values"] = [int(v) for v in t.flatten().tolist()]  # row-major
     return out
 
 
@@ -78,7 +78,7 @@ def _key_part(value: Any) -> Any:
         values = ()
         if host and not value.dtype.is_floating_point:
             try:
-                values = tuple(value.tolist())
+                values = tuple(value.flatten().tolist())
             except RuntimeError:
                 values = ()
         return (value.dtype, tuple(value.shape), value.stride(), value.device.type, values)

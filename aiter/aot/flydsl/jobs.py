@@ -37,6 +37,18 @@ class Job:
     call: Call = field(repr=False)
     # Ranges of at most this many values are probed at every value, not bisected (0: never).
     probe_every_up_to: int = 0
+    # The family's runtime function of the axis that cuts a widened capture job's range.
+    segment_by: Callable[[int], Hashable] | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class CapturedOp:
+    """How a build replays a captured call of one public entry: the entry, and the arguments'
+    dimensions that carry the family's axis (so `--capture-widen` can move the call along it)."""
+
+    entry: str  # "module:function" of the public entry
+    axis: str = ""  # the table axis, e.g. "M"; "": the call is replayed only as captured
+    dims: Mapping[str, int] = field(default_factory=dict)  # argument name -> its axis dimension
 
     def call_at(self, value: int) -> object:
         return self.call(**self.info.values(value))
@@ -82,6 +94,8 @@ class Family:
     # (conv3d's split-K over frames), ranges of at most this many values are probed at every
     # value instead of bisected; 0: bisection alone.
     probe_every_up_to: int = 0
+    # The public entries whose captured calls (`--capture`) this module replays, by op name.
+    captured: Mapping[str, CapturedOp] = field(default_factory=dict)
 
     def axes(self) -> dict[str, int]:
         """Each axis the module's tables bucket on, with the spec's default maximum."""

@@ -9,10 +9,12 @@ import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from typing import Any
 
 from aiter.aot.flydsl.jobs import Job
 from aiter.aot.flydsl.protocol import (
+    CAPTURE_TABLE,
     JobInfo,
     JobResult,
     KernelRef,
@@ -31,10 +33,22 @@ def _kernel_ref(request: Any) -> KernelRef:
     )
 
 
+Probe = Callable[[Mapping[str, int]], "Named"]
+
+
+@dataclass(frozen=True)
+class Named:
+    """What one probe of the public entry found."""
+
+    kernels: tuple[KernelRef, ...]
+    backends: tuple[str, ...]
+    served: tuple[tuple[Any, ...], ...]  # (op, table, row, source) of each dispatch record
+
+
 @contextmanager
-def naming_session(job: Job) -> Iterator[Callable[[Mapping[str, int]], Any]]:
-    """A probe that names the kernels and serving backends of the public entry at given axis
-    values, compiling nothing; one dry run serves every probe of the job."""
+def naming_session(job: Job) -> Iterator[Probe]:
+    """A probe that names the kernels, serving backends and table rows of the public entry at
+    given axis values, compiling nothing; one dry run serves every probe of the job."""
     from aiter import dispatch
     from aiter import flydsl_bridge as bridge
     from aiter.aot.flydsl.dry_run import dry_run
@@ -42,12 +56,17 @@ def naming_session(job: Job) -> Iterator[Callable[[Mapping[str, int]], Any]]:
     info = job.info
     with dispatch.observe() as records, dry_run(info.arch, info.cu_num, bridge.MODE_NAME) as reqs:
 
-        def probe(values: Mapping[str, int]) -> tuple[tuple[KernelRef, ...], tuple[str, ...]]:
+        def probe(values: Mapping[str, int]) -> Named:
             first_request, first_record = len(reqs), len(records)
             job.call(**values)
             kernels = {k.path: k for k in map(_kernel_ref, reqs[first_request:])}
             ordered = tuple(sorted(kernels.values(), key=lambda k: (k.function, k.file)))
-            return ordered, tuple(sorted({r.backend for r in records[first_record:]}))
+            new = records[first_record:]
+            return Named(
+                ordered,
+                tuple(sorted({r.backend for r in new})),
+                tuple((r.op, r.table, r.row, r.source) for r in new),
+            )
 
         yield probe
 
@@ -82,22 +101,108 @@ def _sample_points(info: JobInfo, segments: list[Segment], count: int, seed: int
     return points
 
 
-def name_job(job: Job, limit: int | None, sample: int = 0, seed: int = 0) -> JobResult:
-    """Every segment of the job's range with the kernels it asks for, and a tag."""
+def served_run(probe: Probe, value: int, top: int) -> tuple[int, int]:
+    """The run of 1..top around `value` over which the same table rows (or the heuristic) serve
+    the call as at `value`, by binary search on each side: a row serves one run of its shape's
+    axis (the table's buckets), and the heuristic the runs no row serves."""
+    wanted = probe({"value": value}).served
+
+    def same(at: int) -> bool:
+        return probe({"value": at}).served == wanted
+
+    lo, hi = 1, value  # the smallest same value lies in lo..hi
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if same(mid) else (mid + 1, hi)
+    start = lo
+    lo, hi = value, top  # the largest
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if same(mid) else (lo, mid - 1)
+    return start, lo
+
+
+def capture_misses(job: Job, probe_requests: Callable[[], list[tuple[Any, Any]]]) -> list[str]:
+    """The JIT monitor's message for each kernel the captured call needs that the cache lacks."""
+    from aiter import jit_monitor
+
+    messages = []
+    for request, record in probe_requests():
+        if request.path.is_file():
+            continue
+        miss = jit_monitor.describe_miss(
+            request, record, "the cache does not hold it (--check --capture)"
+        )
+        fix = (
+            f"build it from the capture: GPU_ARCHS={job.info.arch}:{job.info.cu_num} python -m "
+            f"aiter.aot.flydsl --capture {job.info.row.rpartition(':')[0]}"
+            f"{' --cache-dir ' + miss.cache_root if miss.cache_root else ''}; or serve it from "
+            f"a tuned row: {miss.fix}"
+        )
+        messages.append(jit_monitor.format_miss(replace(miss, fix=fix)))
+    return messages
+
+
+def _requests_of_call(job: Job, value: int) -> list[tuple[Any, Any]]:
+    """Each kernel request of the call at `value` with the dispatch record reported last before
+    it (the record a serving process's miss message names)."""
+    from aiter import dispatch
+    from aiter import flydsl_bridge as bridge
+    from aiter.aot.flydsl.dry_run import dry_run
+
+    info = job.info
+    pairs: dict[Any, tuple[Any, Any]] = {}
+    latest: list[Any] = [None]
+    with dry_run(info.arch, info.cu_num, bridge.MODE_NAME) as reqs:
+        paired = 0
+
+        def pair_up() -> None:
+            nonlocal paired
+            for request in reqs[paired:]:
+                pairs.setdefault(request.path, (request, latest[0]))
+            paired = len(reqs)
+
+        def note(record: Any) -> None:
+            pair_up()  # requests before this record were made under the one before it
+            latest[0] = record
+
+        dispatch.subscribe(note)
+        try:
+            job.call(**info.values(value))
+        finally:
+            dispatch.unsubscribe(note)
+        pair_up()
+    return list(pairs.values())
+
+
+def name_job(
+    job: Job, limit: int | None, sample: int = 0, seed: int = 0, misses: bool = False
+) -> JobResult:
+    """Every segment of the job's range with the kernels it asks for, and a tag; with `misses`,
+    a captured call's job also carries the miss message of each kernel the cache lacks."""
     from aiter.aot.flydsl.bisection import segments
 
     info = job.info
     result = JobResult(info)
-    ranges, refused = replayed_ranges(info, limit)
     cpu = time.process_time()
     backends: set[str] = set()
 
     try:
         with naming_session(job) as probe:
+            if info.widen_to:
+
+                def at_axis(values: Mapping[str, int]) -> Named:
+                    result.probes += 1
+                    return probe(info.values(values["value"]))
+
+                lo, hi = served_run(at_axis, info.lo, info.widen_to)
+                info = result.job = replace(info, lo=lo, hi=hi)
+            ranges, refused = replayed_ranges(info, limit)
 
             def at(value: int):
                 result.probes += 1
-                return probe(info.values(value))
+                named = probe(info.values(value))
+                return named.kernels, named.backends
 
             # A lookup that matches a row's own value exactly may serve it unlike its neighbours
             # (conv3d: the row's split-K there, one resolved per call around it).
@@ -105,16 +210,22 @@ def name_job(job: Job, limit: int | None, sample: int = 0, seed: int = 0) -> Job
             for lo, hi in ranges:
                 dense = hi - lo + 1 <= job.probe_every_up_to
                 points = range(lo, hi + 1) if dense else [v for v in exact if lo <= v <= hi]
-                for seg in segments(at, lo, hi, points=points):
-                    kernels, seg_backends = seg.value
-                    backends.update(seg_backends)
-                    result.segments.append(
-                        Segment(seg.lo, seg.hi, list(kernels), list(seg_backends))
-                    )
+                pieces = [(lo, hi)]
+                if info.widen_to and job.segment_by is not None:
+                    pieces = [(p.lo, p.hi) for p in segments(job.segment_by, lo, hi)]
+                for piece_lo, piece_hi in pieces:
+                    inside = [v for v in points if piece_lo <= v <= piece_hi]
+                    for seg in segments(at, piece_lo, piece_hi, points=inside):
+                        kernels, seg_backends = seg.value
+                        backends.update(seg_backends)
+                        result.segments.append(
+                            Segment(seg.lo, seg.hi, list(kernels), list(seg_backends))
+                        )
             for values, index in _sample_points(info, result.segments, sample, seed):
                 result.probes += 1
-                kernels, _ = probe(values)
-                result.samples.append(Sample(values, index, list(kernels)))
+                result.samples.append(Sample(values, index, list(probe(values).kernels)))
+        if misses and info.table == CAPTURE_TABLE and info.tabled is not None:
+            result.misses = capture_misses(job, lambda: _requests_of_call(job, info.tabled))
     except NotImplementedError as err:
         result.tag, result.message, result.segments = Tag.SKIP, f"runtime declines: {err}", []
     except Exception as err:  # every other failure fails this job only

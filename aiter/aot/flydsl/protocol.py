@@ -52,6 +52,7 @@ class SampleProblem(StrEnum):
 
 
 EXIT_OK, EXIT_FAIL, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+CAPTURE_TABLE = "capture"  # the `table` of a captured call's job; its `row` is "path:line"
 
 
 @dataclass(frozen=True)
@@ -70,6 +71,9 @@ class ArchProcessSpec:
     timeout: float  # seconds a worker may take for one task
     # Table file name -> the --csv files that extend it, merged after those its variable names.
     extra_tables: dict[str, list[str]] = field(default_factory=dict)
+    captures: list[str] = field(default_factory=list)  # --capture files whose calls are replayed
+    capture_widen: bool = False
+    tables: bool = True  # whether the modules' tables are replayed (besides the captures)
     estimates: dict[str, float] = field(default_factory=dict)  # compile seconds per function
     progress_fd: int | None = None  # write end of the pipe to the driver (None: no driver)
 
@@ -110,6 +114,9 @@ class JobInfo:
     fixed: dict[str, int] = field(default_factory=dict)  # the other axes' values (grids)
     cell: dict[str, list[int]] = field(default_factory=dict)  # a grid cell's bounds, to sample
     group: str = ""  # grid jobs of one group name their kernels for each other (the audit)
+    # A captured call's job (table CAPTURE_TABLE) under --capture-widen: lo..hi is widened, up
+    # to this value, to the run of the axis its row or heuristic serves (0: not widened).
+    widen_to: int = 0
 
     def values(self, value: int) -> dict[str, int]:
         """Every axis value of a call at `value` of this job's axis."""
@@ -171,6 +178,8 @@ class JobResult:
     missing: list[Missing] = field(default_factory=list)
     samples: list[Sample] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
+    # Under --check, a captured call's job: the JIT monitor's message for each absent kernel.
+    misses: list[str] = field(default_factory=list)
     probes: int = 0  # calls of the public entry in naming mode
     naming_cpu: float = 0.0  # CPU seconds they took
 

@@ -22,6 +22,7 @@ from typing import Any
 
 from aiter.aot.flydsl import registry
 from aiter.aot.flydsl.audit import audit
+from aiter.aot.flydsl.capture_jobs import capture_jobs
 from aiter.aot.flydsl.entries import EntryAudit
 from aiter.aot.flydsl.jobs import Family, Job
 from aiter.aot.flydsl.naming import name_job
@@ -194,8 +195,11 @@ class _Scheduler:
         self.compiled_files: set[str] = set()
 
     def name_here(self, index: int) -> None:
-        job = self.jobs[index]
-        self.accept(index, name_job(job, self.limits[index], self.sample, self.seed))
+        self.accept(index, self._name(index))
+
+    def _name(self, index: int) -> JobResult:
+        misses = self.mode == Mode.CHECK
+        return name_job(self.jobs[index], self.limits[index], self.sample, self.seed, misses)
 
     def accept(self, index: int, result: JobResult) -> None:
         self.results[index] = result
@@ -245,7 +249,7 @@ class _Scheduler:
 
     def _name_in_child(self, chunk: list[int]) -> list[JobResult]:
         # The worker pool pickles what a task returns: typed results come back as they are.
-        return [name_job(self.jobs[i], self.limits[i], self.sample, self.seed) for i in chunk]
+        return [self._name(i) for i in chunk]
 
     def _compile_in_child(self, task: CompileTask) -> dict[str, Any]:
         return compile_task(self.jobs[task.job], task, self.entries)
@@ -292,8 +296,12 @@ def replay_arch(
     jobs: list[Job] = []
     limits: list[int | None] = []
     report = ArchReport(arch=spec.arch, mode=spec.mode, workers=spec.workers)
+    calls = _captured_calls(spec.captures)
     for family in families:
-        family_jobs = family.jobs(spec.arch, cu_nums, spec.maxima)
+        family_jobs = family.jobs(spec.arch, cu_nums, spec.maxima) if spec.tables else []
+        family_jobs += capture_jobs(
+            family, calls, spec.arch, cu_nums, spec.maxima, spec.capture_widen
+        )
         jobs += family_jobs
         limits += [family.limits.get(job.info.axis) for job in family_jobs]
         if any(family.limits.get(j.info.axis) is not None for j in family_jobs):
@@ -323,6 +331,15 @@ def replay_arch(
     report.naming_seconds = sum(r.naming_cpu for r in report.results)
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _captured_calls(paths: Sequence[str]) -> list:
+    """The distinct calls of the --capture files (the driver has reported their bad lines)."""
+    if not paths:
+        return []
+    from aiter.aot.flydsl.capture_file import read_captures
+
+    return read_captures(paths).calls
 
 
 def read_spec(path: str) -> ArchProcessSpec:

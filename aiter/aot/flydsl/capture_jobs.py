@@ -1,0 +1,156 @@
+"""Jobs of captured calls: each distinct call of a capture becomes a job that calls the same
+public entry with the same arguments rebuilt as FakeTensors (host integer tensors from their
+recorded values), at the captured value of the family's axis, or, under --capture-widen, over
+the run of the axis that served it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from aiter.aot.flydsl.capture_file import CapturedCall
+from aiter.aot.flydsl.jobs import CapturedOp, Family, Job
+from aiter.aot.flydsl.protocol import CAPTURE_TABLE, JobInfo
+
+AS_CAPTURED = "call"  # the axis of a job whose call is replayed only as captured
+
+
+class CaptureError(ValueError):
+    """A captured argument this build cannot rebuild or move along the axis."""
+
+
+def entry_function(op: CapturedOp) -> Any:
+    module, _, name = op.entry.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _dense_strides(shape: Sequence[int], stride: Sequence[int]) -> list[int] | None:
+    """The strides of a tensor of `shape` laid out densely in the order `stride` gives its
+    dimensions (innermost smallest); None when `stride` is not such a layout."""
+    order = sorted(range(len(shape)), key=lambda i: (stride[i], -i))  # innermost first
+    expected, dense = 1, [0] * len(shape)
+    for i in order:
+        if shape[i] != 1 and stride[i] != expected:
+            return None
+        dense[i] = expected
+        expected *= shape[i]
+    return dense
+
+
+def resized(description: Mapping[str, Any], dim: int, size: int, name: str) -> dict[str, Any]:
+    """A tensor description with dimension `dim` of size `size`, laid out as it was."""
+    shape, stride = list(description["shape"]), list(description["stride"])
+    if dim >= len(shape):
+        raise CaptureError(f"argument {name} has {len(shape)} dimensions, the axis is dim {dim}")
+    if _dense_strides(shape, stride) is None:
+        raise CaptureError(
+            f"argument {name} (shape {shape}, strides {stride}) is not dense: it cannot be "
+            "moved along the axis"
+        )
+    shape[dim] = size
+    return {**description, "shape": shape, "stride": _dense_strides(shape, stride)}
+
+
+def materialize(description: Any, name: str) -> Any:
+    """The argument a description stands for: tensors as FakeTensors of the dry run (host
+    integer tensors as real ones, from their values), dtypes, sequences as tuples, scalars."""
+    import torch
+
+    if isinstance(description, list):
+        return tuple(materialize(d, name) for d in description)
+    if not isinstance(description, dict):
+        return description
+    if "dtype" in description and len(description) == 1:
+        return getattr(torch, description["dtype"])
+    if "tensor" not in description:
+        raise CaptureError(f"argument {name} was recorded as {description}: it cannot be rebuilt")
+    t = description["tensor"]
+    dtype = getattr(torch, t["dtype"], None)
+    if not isinstance(dtype, torch.dtype):
+        raise CaptureError(f"argument {name}: unknown dtype {t['dtype']!r}")
+    if "values" in t:
+        from aiter.aot.flydsl.dry_run import host_tensor
+
+        return host_tensor(t["values"], dtype).reshape(t["shape"])
+    device = "cuda" if t["device"] != "cpu" else "cpu"
+    return torch.empty_strided(t["shape"], t["stride"], dtype=dtype, device=device)
+
+
+def _bound(fn: Any, call: CapturedCall) -> inspect.BoundArguments:
+    try:
+        return inspect.signature(fn).bind(*call.args, **call.kwargs)
+    except TypeError as err:
+        raise CaptureError(f"{call.op} no longer takes these arguments: {err}") from None
+
+
+def axis_value(op: CapturedOp, arguments: Mapping[str, Any]) -> int | None:
+    """The captured value of the op's axis: the size of the first given argument that has it."""
+    for name, dim in op.dims.items():
+        description = arguments.get(name)
+        if isinstance(description, dict) and "tensor" in description:
+            shape = description["tensor"]["shape"]
+            if dim < len(shape):
+                return int(shape[dim])
+    return None
+
+
+def captured_caller(op: CapturedOp, call: CapturedCall, captured_value: int | None):
+    """The call of the public entry with the captured arguments, at a value of the axis."""
+
+    def replay(**values: int) -> object:
+        fn = entry_function(op)
+        bound = _bound(fn, call)
+        value = values.get(op.axis, captured_value)
+        for name, description in list(bound.arguments.items()):
+            if name in op.dims and value != captured_value and isinstance(description, dict):
+                if "tensor" in description:
+                    tensor = resized(description["tensor"], op.dims[name], value, name)
+                    description = {"tensor": tensor}
+            bound.arguments[name] = materialize(description, name)
+        return fn(*bound.args, **bound.kwargs)
+
+    return replay
+
+
+def capture_jobs(
+    family: Family,
+    calls: Sequence[CapturedCall],
+    arch: str,
+    cu_nums: frozenset[int] | None,
+    maxima: Mapping[str, int],
+    widen: bool,
+) -> list[Job]:
+    """One job per captured call of `family`'s ops on `arch` (and `cu_nums` when given)."""
+    jobs = []
+    for call in calls:
+        op = family.captured.get(call.op)
+        if op is None or call.arch != arch or (cu_nums is not None and call.cu_num not in cu_nums):
+            continue
+        value = None
+        if op.axis:
+            try:
+                arguments = _bound(entry_function(op), call).arguments
+            except CaptureError:
+                arguments = {}  # the job fails when it calls the entry, naming why
+            value = axis_value(op, arguments)
+        axis = op.axis if value is not None else AS_CAPTURED
+        at = value if value is not None else 1
+        top = maxima.get(axis, 0) if widen and value is not None else 0
+        info = JobInfo(
+            module=family.name,
+            table=CAPTURE_TABLE,
+            row=call.where,
+            arch=call.arch,
+            cu_num=call.cu_num,
+            variant=call.op,
+            axis=axis,
+            lo=at,
+            hi=at,
+            tabled=at,  # replayed even above a module's limit
+            widen_to=max(top, at) if top else 0,
+        )
+        jobs.append(Job(info, captured_caller(op, call, value), 0, family.segment_by))
+    return jobs
