@@ -16,7 +16,7 @@ import os
 import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -236,14 +236,26 @@ def update_manifest(
     module: str,
     kernels: Mapping[str, KernelEntry],
     versions: Mapping[str, str],
+    merge: bool = False,
 ) -> Path:
-    """Replace `module`'s kernels for `arch` (entry path relative to the cache root -> entry);
-    other archs and modules are kept as they were. Every build record that covered this
-    (arch, module) is dropped: its list of entries is no longer the one here."""
+    """Replace `module`'s kernels for `arch` (entry path relative to the cache root -> entry),
+    or with `merge` add them to those listed (requesters of an entry listed both ways joined);
+    other archs and modules are kept as they were. Without `merge`, every build record that
+    covered this (arch, module) is dropped: its list of entries is no longer the one here."""
 
     def change(current: Manifest) -> Manifest:
         archs = {a: dict(modules) for a, modules in current.archs.items()}
-        archs.setdefault(arch, {})[module] = dict(kernels)
+        listed = dict(archs.get(arch, {}).get(module, {})) if merge else {}
+        for rel, entry in kernels.items():
+            old = listed.get(rel)
+            if old is not None:
+                joined = [*old.requested_by]
+                joined += [r for r in entry.requested_by if r not in joined]
+                entry = replace(entry, requested_by=joined)
+            listed[rel] = entry
+        archs.setdefault(arch, {})[module] = listed
+        if merge:
+            return Manifest(versions=dict(versions), archs=archs, builds=dict(current.builds))
         builds = {k: b for k, b in current.builds.items() if not b.covers(arch, module)}
         return Manifest(versions=dict(versions), archs=archs, builds=builds)
 

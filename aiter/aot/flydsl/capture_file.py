@@ -37,9 +37,7 @@ class CapturedCall:
     def key(self) -> str:
         """What makes two lines the same call: op, device and arguments (not how it was
         served, nor by which versions)."""
-        return json.dumps(
-            [self.op, self.arch, self.cu_num, self.args, self.kwargs], sort_keys=True
-        )
+        return json.dumps([self.op, self.arch, self.cu_num, self.args, self.kwargs], sort_keys=True)
 
     def served_rows(self) -> list[str]:
         """The table rows that served it, "file:line" (empty: the heuristic did)."""

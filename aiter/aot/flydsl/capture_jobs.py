@@ -88,7 +88,7 @@ def _bound(fn: Any, call: CapturedCall) -> inspect.BoundArguments:
 
 def axis_value(op: CapturedOp, arguments: Mapping[str, Any]) -> int | None:
     """The captured value of the op's axis: the size of the first given argument that has it."""
-    for name, dim in op.dims.items():
+    for name, dim in op.dims_of(arguments).items():
         description = arguments.get(name)
         if isinstance(description, dict) and "tensor" in description:
             shape = description["tensor"]["shape"]
@@ -104,11 +104,12 @@ def captured_caller(op: CapturedOp, call: CapturedCall, captured_value: int | No
         fn = entry_function(op)
         bound = _bound(fn, call)
         value = values.get(op.axis, captured_value)
+        dims = op.dims_of(bound.arguments)
         for name, description in list(bound.arguments.items()):
-            if name in op.dims and value != captured_value and isinstance(description, dict):
-                if "tensor" in description:
-                    tensor = resized(description["tensor"], op.dims[name], value, name)
-                    description = {"tensor": tensor}
+            moved = name in dims and value != captured_value
+            if moved and isinstance(description, dict) and "tensor" in description:
+                tensor = resized(description["tensor"], dims[name], value, name)
+                description = {"tensor": tensor}
             bound.arguments[name] = materialize(description, name)
         return fn(*bound.args, **bound.kwargs)
 
@@ -138,7 +139,9 @@ def capture_jobs(
             value = axis_value(op, arguments)
         axis = op.axis if value is not None else AS_CAPTURED
         at = value if value is not None else 1
-        top = maxima.get(axis, 0) if widen and value is not None else 0
+        # A grid family's axis has no maximum of its own: its table axis's bounds it.
+        top = maxima.get(axis) or maxima.get(family.tables[0].axis.name, 0)
+        top = top if widen and value is not None else 0
         info = JobInfo(
             module=family.name,
             table=CAPTURE_TABLE,

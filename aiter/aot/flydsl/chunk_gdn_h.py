@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 
-from aiter.aot.flydsl.jobs import Call, Family
+from aiter.aot.flydsl.jobs import Call, CapturedOp, Family
 from aiter.ops.chunk_gdn_h.table import CHUNK_GDN_H, LAYER_COLUMNS
 from aiter.tuning import Row, TableSpec
 
@@ -121,7 +121,16 @@ def grid(spec: TableSpec, row: Row, maxima: Mapping[str, int]) -> dict[str, list
     return {"seqs": seqs_points(spec, row), "tokens": tokens_points(spec, row, top)}
 
 
-FAMILY = Family(name="chunk_gdn_h", tables=(CHUNK_GDN_H,), caller=caller, grid=grid)
+# The batch shape enters the choice through N and the tokens together (and a varlen batch's
+# through cu_seqlens' values): a captured call is replayed as it was made.
+CAPTURED = {
+    "chunk_gated_delta_rule_fwd_h": CapturedOp(
+        "aiter.ops.chunk_gdn_h.entry:chunk_gated_delta_rule_fwd_h"
+    )
+}
+FAMILY = Family(
+    name="chunk_gdn_h", tables=(CHUNK_GDN_H,), caller=caller, grid=grid, captured=CAPTURED
+)
 
 
 def run(argv: Sequence[str] | None = None) -> int:

@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Mapping, Sequence
+from typing import Any
 
-from aiter.aot.flydsl.jobs import Call, Family
+from aiter.aot.flydsl.jobs import Call, CapturedOp, Family
 from aiter.ops.conv3d.table import CONV3D
 from aiter.tuning import Row, TableSpec
 
@@ -74,7 +75,16 @@ def serving(spec: TableSpec, rows: Sequence[Row], frames: int) -> Row | None:
 # calls with one kernel (conv3d_plan.row_choice), so the kernels change only where the serving
 # row does; the frames a row serves are still probed one by one, being few (a few hundred).
 PROBE_EVERY_UP_TO = 512
+
+
+def frame_dims(arguments: Mapping[str, Any]) -> dict[str, int]:
+    """The input's frame dimension, as its layout places it."""
+    return {"x": 1 if arguments.get("input_layout") == "NDHWC" else 2}
+
+
+CAPTURED = {"conv3d": CapturedOp("aiter.ops.conv3d.entry:conv3d", "frames", frame_dims)}
 FAMILY = Family(
+    captured=CAPTURED,
     name="conv3d",
     tables=(CONV3D,),
     caller=caller,

@@ -91,6 +91,9 @@ def _start(
         seed=build.seed,
         timeout=build.timeout,
         extra_tables={name: list(paths) for name, paths in build.extra_tables.items()},
+        captures=list(build.captures),
+        capture_widen=build.capture_widen,
+        tables=build.tables,
         estimates=estimates,
         progress_fd=write_fd,
     )
@@ -281,7 +284,10 @@ def write_manifest(build: Build, report: ArchReport) -> None:
                             variant=job.variant,
                         )
                     )
-        update_manifest(build.cache_dir, report.arch, module, kernels, _versions())
+        # A build of captures alone adds to what the module's table builds listed.
+        update_manifest(
+            build.cache_dir, report.arch, module, kernels, _versions(), merge=not build.tables
+        )
 
 
 def _write_report_file(
@@ -316,7 +322,8 @@ def main(module_paths: Sequence[str] | None = None, argv: Sequence[str] | None =
         fp = inputs = None
         if build.mode == Mode.BUILD and build.targets:
             fp, inputs = memo.fingerprint(build)
-            if not build.no_memo and memo.memo_holds(build, fp):
+            # A capture is not part of the fingerprint: its builds always replay.
+            if not build.no_memo and not build.captures and memo.memo_holds(build, fp):
                 _write_report_file(build, [], [], up_to_date=True)
                 return EXIT_OK
             from aiter.toolchain import LinkerNotFound, find_linker
@@ -352,7 +359,11 @@ def main(module_paths: Sequence[str] | None = None, argv: Sequence[str] | None =
             write_manifest(build, report)
     rows = summary_rows(arch_reports)
     print_summary(rows, arch_reports, build.maxima)
-    if build.mode == Mode.BUILD and not failed and fp is not None:
+    if build.capture_problems:
+        print(f"capture: {len(build.capture_problems)} line(s) could not be used as written "
+              "(reported at the start); exit status 1", file=sys.stderr)  # fmt: skip
+        failed = True
+    if build.mode == Mode.BUILD and not failed and fp is not None and build.tables:
         from aiter.flydsl_bridge.manifest import record_build
 
         record_build(

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
+from typing import Any
 
-from aiter.aot.flydsl.jobs import Call, Family
+from aiter.aot.flydsl.jobs import Call, CapturedOp, Family
 from aiter.ops.fmha_fp8.table import FMHA_FP8
 from aiter.tuning import Row, TableSpec
 
@@ -139,8 +140,20 @@ def variant_grid(
     return {**grid, "batch": [1]}
 
 
+def key_length_dims(arguments: Mapping[str, Any]) -> dict[str, int]:
+    """The key length is dimension 1 of k and v in the batch layout; a varlen call's lengths
+    are in cu_seqlens_kv, so it is replayed only as captured."""
+    return {} if arguments.get("cu_seqlens_kv") is not None else {"k": 1, "v": 1}
+
+
+CAPTURED = {
+    "flash_attn_fp8": CapturedOp(
+        "aiter.ops.fmha_fp8.entry:flash_attn_fp8", "seqlen_k", key_length_dims
+    )
+}
 FAMILY = Family(
     name="fmha_fp8",
+    captured=CAPTURED,
     tables=(FMHA_FP8,),
     caller=caller,
     variants=variants,

@@ -16,7 +16,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 
-from aiter.aot.flydsl.jobs import Call, Family
+from aiter.aot.flydsl.jobs import Call, CapturedOp, Family
 from aiter.ops.gemm.table import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16
 from aiter.tuning import Row, TableSpec
 
@@ -92,7 +92,18 @@ def caller(spec: TableSpec, row: Row, variant: Mapping[str, str]) -> Call:
     return _CALLERS[spec](row, variant)
 
 
-FAMILY = Family(name="gemm", tables=tuple(_CALLERS), caller=caller)
+_ENTRY = "aiter.ops.gemm.entry"
+# The token count M is the activation's rows, and the per-token scales' rows with it.
+CAPTURED = {
+    "gemm_a16w16": CapturedOp(f"{_ENTRY}:gemm_a16w16", "M", {"A": 0}),
+    "gemm_a8w8_bpreshuffle": CapturedOp(
+        f"{_ENTRY}:gemm_a8w8_bpreshuffle", "M", {"XQ": 0, "x_scale": 0}
+    ),
+    "gemm_a8w8_blockscale": CapturedOp(
+        f"{_ENTRY}:gemm_a8w8_blockscale", "M", {"XQ": 0, "x_scale": 0}
+    ),
+}
+FAMILY = Family(name="gemm", tables=tuple(_CALLERS), caller=caller, captured=CAPTURED)
 
 
 def run(argv: Sequence[str] | None = None) -> int:

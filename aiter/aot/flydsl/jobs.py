@@ -9,6 +9,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiter.aot.flydsl.bisection import segments
 from aiter.aot.flydsl.protocol import JobInfo
@@ -47,8 +48,15 @@ class CapturedOp:
     dimensions that carry the family's axis (so `--capture-widen` can move the call along it)."""
 
     entry: str  # "module:function" of the public entry
-    axis: str = ""  # the table axis, e.g. "M"; "": the call is replayed only as captured
-    dims: Mapping[str, int] = field(default_factory=dict)  # argument name -> its axis dimension
+    axis: str = ""  # e.g. "M"; "": the call is replayed only as captured
+    # Argument name -> its dimension holding the axis, or a function of the captured arguments'
+    # descriptions giving that (a layout argument moves the axis); empty: only as captured.
+    dims: Mapping[str, int] | Callable[[Mapping[str, Any]], Mapping[str, int]] = field(
+        default_factory=dict
+    )
+
+    def dims_of(self, arguments: Mapping[str, Any]) -> Mapping[str, int]:
+        return self.dims(arguments) if callable(self.dims) else self.dims
 
     def call_at(self, value: int) -> object:
         return self.call(**self.info.values(value))

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 
-from aiter.aot.flydsl.jobs import Call, Family
+from aiter.aot.flydsl.jobs import Call, CapturedOp, Family
 from aiter.ops.moe.table import ACT_SWIGLU, FMOE, QUANT_PER_TOKEN, SWIGLU_VARIANTS
 from aiter.tuning import Row, TableSpec
 
@@ -105,8 +105,16 @@ def serving(spec: TableSpec, rows: Sequence[Row], tokens: int) -> Row | None:
 
 # Each shape's tokens from 1 to the deployment's maximum, one job per padded-token run and caller
 # variant, of the row the runtime's lookup picks there.
+_ENTRY = "aiter.ops.moe.entry"
+_PER_TOKEN = {"hidden_states": 0, "topk_weights": 0, "topk_ids": 0, "gating_output": 0}
+# Every per-token argument has the tokens in its rows.
+CAPTURED = {
+    op: CapturedOp(f"{_ENTRY}:{op}", "tokens", _PER_TOKEN)
+    for op in ("fused_moe", "moe_sorting", "fused_topk")
+}
 FAMILY = Family(
     name="moe",
+    captured=CAPTURED,
     tables=(FMOE,),
     caller=caller,
     variants=variants,

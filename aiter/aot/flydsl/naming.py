@@ -122,31 +122,11 @@ def served_run(probe: Probe, value: int, top: int) -> tuple[int, int]:
     return start, lo
 
 
-def capture_misses(job: Job, probe_requests: Callable[[], list[tuple[Any, Any]]]) -> list[str]:
-    """The JIT monitor's message for each kernel the captured call needs that the cache lacks."""
-    from aiter import jit_monitor
-
-    messages = []
-    for request, record in probe_requests():
-        if request.path.is_file():
-            continue
-        miss = jit_monitor.describe_miss(
-            request, record, "the cache does not hold it (--check --capture)"
-        )
-        fix = (
-            f"build it from the capture: GPU_ARCHS={job.info.arch}:{job.info.cu_num} python -m "
-            f"aiter.aot.flydsl --capture {job.info.row.rpartition(':')[0]}"
-            f"{' --cache-dir ' + miss.cache_root if miss.cache_root else ''}; or serve it from "
-            f"a tuned row: {miss.fix}"
-        )
-        messages.append(jit_monitor.format_miss(replace(miss, fix=fix)))
-    return messages
-
-
-def _requests_of_call(job: Job, value: int) -> list[tuple[Any, Any]]:
-    """Each kernel request of the call at `value` with the dispatch record reported last before
-    it (the record a serving process's miss message names)."""
-    from aiter import dispatch
+def capture_misses(job: Job, value: int) -> list[str]:
+    """The JIT monitor's message for each kernel the captured call at `value` needs that the
+    cache lacks, each request paired with the dispatch record reported last before it (the
+    record a serving process's message names), written inside the job's dry run."""
+    from aiter import dispatch, jit_monitor
     from aiter import flydsl_bridge as bridge
     from aiter.aot.flydsl.dry_run import dry_run
 
@@ -172,7 +152,21 @@ def _requests_of_call(job: Job, value: int) -> list[tuple[Any, Any]]:
         finally:
             dispatch.unsubscribe(note)
         pair_up()
-    return list(pairs.values())
+        messages = []
+        for request, record in pairs.values():
+            if request.path.is_file():
+                continue
+            miss = jit_monitor.describe_miss(
+                request, record, "the cache does not hold it (--check --capture)"
+            )
+            cache = f" --cache-dir {miss.cache_root}" if miss.cache_root else ""
+            fix = (
+                f"build it from the capture: GPU_ARCHS={info.arch}:{info.cu_num} python -m "
+                f"aiter.aot.flydsl --capture {info.row.rpartition(':')[0]}{cache}; or serve "
+                f"it from a tuned row: {miss.fix}"
+            )
+            messages.append(jit_monitor.format_miss(replace(miss, fix=fix)))
+    return messages
 
 
 def name_job(
@@ -225,7 +219,7 @@ def name_job(
                 result.probes += 1
                 result.samples.append(Sample(values, index, list(probe(values).kernels)))
         if misses and info.table == CAPTURE_TABLE and info.tabled is not None:
-            result.misses = capture_misses(job, lambda: _requests_of_call(job, info.tabled))
+            result.misses = capture_misses(job, info.tabled)
     except NotImplementedError as err:
         result.tag, result.message, result.segments = Tag.SKIP, f"runtime declines: {err}", []
     except Exception as err:  # every other failure fails this job only

@@ -53,6 +53,10 @@ class Build:
     extra_tables: dict[str, list[str]] = field(default_factory=dict)
     # Variables the arch processes get on top of the driver's environment (ROCM_PATH).
     arch_env: dict[str, str] = field(default_factory=dict)
+    captures: list[str] = field(default_factory=list)  # --capture files (resolved)
+    capture_widen: bool = False
+    tables: bool = True  # replay the modules' tables (without --capture, or with --tables)
+    capture_problems: list[str] = field(default_factory=list)  # bad lines: the exit says so
 
     def specs(self) -> list[TableSpec]:
         return [spec for family in self.families.values() for spec in family.tables]
@@ -151,10 +155,15 @@ def _table_archs(
 
 
 def _targets(
-    specs: Sequence[TableSpec], extra_tables: dict[str, list[str]], modules: str
+    specs: Sequence[TableSpec],
+    extra_tables: dict[str, list[str]],
+    modules: str,
+    captured: dict[str, set[int]] | None = None,
 ) -> list[ArchTarget]:
     text = os.environ.get("GPU_ARCHS", "")
-    table_archs = _table_archs(specs, extra_tables)
+    table_archs = _table_archs(specs, extra_tables) if specs else {}
+    for arch, cu_nums in (captured or {}).items():
+        table_archs.setdefault(arch, set()).update(cu_nums)
     if not text.strip():
         return [ArchTarget(a) for a in ARCHS if a in table_archs]
 
@@ -170,7 +179,7 @@ def _targets(
     targets = []
     for target in wanted:
         if target.arch not in table_archs:
-            print(f"GPU_ARCHS names {target.arch}, but no {modules} table has rows for it",
+            print(f"GPU_ARCHS names {target.arch}, but no {modules} table or capture has it",
                   file=sys.stderr)  # fmt: skip
             continue
         targets.append(target)
@@ -243,6 +252,25 @@ def _parser(prog: str, axes: dict[str, Any], combined: bool) -> argparse.Argumen
         "environment variable; a bare PATH when only one table has its columns (repeatable)",
     )
     parser.add_argument(
+        "--capture",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="replay the calls a serving process recorded with AITER_CAPTURE=PATH (repeatable); "
+        "archs and modules come from the capture",
+    )
+    parser.add_argument(
+        "--capture-widen",
+        action="store_true",
+        help="with --capture: replay each captured call over the whole run of its axis that "
+        "its table row or heuristic serves",
+    )
+    parser.add_argument(
+        "--tables",
+        action="store_true",
+        help="with --capture: replay the modules' tables too (without --capture they always are)",
+    )
+    parser.add_argument(
         "--cache-dir", help="cache to fill (default: FLYDSL_RUNTIME_CACHE_DIR or FlyDSL's default)"
     )
     parser.add_argument(
@@ -299,12 +327,22 @@ def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Bui
     for name, value in maxima.items():
         if value < 1:
             raise UsageError(f"--max-{name.lower()} must be >= 1, got {value}")
+    if (args.capture_widen or args.tables) and not args.capture:
+        raise UsageError("--capture-widen and --tables go with --capture PATH")
+    captured = _read_captures(args.capture)
     modules = candidates
     if combined and args.module:
         try:
             modules = registry.select([m.strip() for m in args.module.split(",") if m.strip()])
         except ValueError as err:
             raise UsageError(str(err)) from None
+    if captured is not None and not args.tables:
+        modules = _captured_modules(modules, captured.ops())
+        if not modules:
+            raise UsageError(
+                "--capture: no module of this build replays the captured ops "
+                f"({', '.join(sorted(captured.ops())) or 'none'})"
+            )
     families = {}
     for path in modules.values():
         family = registry.load(path)
@@ -328,9 +366,67 @@ def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Bui
         no_memo=args.no_memo,
         report_path=args.report,
     )
+    if captured is not None:
+        build.captures = [str(Path(p).resolve()) for p in args.capture]
+        build.capture_widen, build.tables = args.capture_widen, args.tables
+        build.capture_problems = captured.problems
+        captured_modules = _captured_modules(modules, captured.ops())
+        ignored = sorted(captured.ops() - {op for f in families.values() for op in f.captured})
+        if ignored:
+            print(f"--capture: calls of {', '.join(ignored)} are not replayed here (no module "
+                  "of this build declares them)", file=sys.stderr)  # fmt: skip
+        print(_capture_summary(captured, len(captured_modules)), file=sys.stderr)
     for spec, paths in assign_csv(build.specs(), args.csv).items():
         build.extra_tables[spec.name] = paths
         print(f"--csv: {', '.join(paths)} extend {spec.name}", file=sys.stderr)
     build.cache_dir = _cache_dir(args.cache_dir, mode)
-    build.targets = _targets(build.specs(), build.extra_tables, "/".join(families))
+    specs = build.specs() if build.tables else []
+    archs = _captured_archs(captured, families) if captured is not None else None
+    build.targets = _targets(specs, build.extra_tables, "/".join(families), archs)
     return build
+
+
+# --- --capture ---
+
+
+def _read_captures(paths: Sequence[str]):
+    """The calls of the --capture files, each bad line reported on stderr (None: no --capture)."""
+    if not paths:
+        return None
+    from aiter.aot.flydsl.capture_file import read_captures
+
+    for path in paths:
+        if not Path(path).is_file():
+            raise UsageError(f"--capture {path}: no such file")
+    try:
+        captured = read_captures(paths)
+    except OSError as err:
+        raise UsageError(f"--capture: {err}") from None
+    for problem in captured.problems:
+        print(f"capture: {problem}", file=sys.stderr)
+    return captured
+
+
+def _captured_modules(modules: dict[str, str], ops: set[str]) -> dict[str, str]:
+    """The modules declaring an op the capture called."""
+    return {n: p for n, p in modules.items() if set(registry.load(p).captured) & ops}
+
+
+def _captured_archs(captured, families: dict[str, Family]) -> dict[str, set[int]]:
+    ops = {op for family in families.values() for op in family.captured}
+    archs: dict[str, set[int]] = {}
+    for call in captured.calls:
+        if call.op in ops:
+            archs.setdefault(call.arch, set()).add(call.cu_num)
+    return archs
+
+
+def _capture_summary(captured, modules: int) -> str:
+    text = f"--capture: {len(captured.calls)} distinct calls of {modules} module(s)"
+    if captured.duplicates:
+        text += f", {captured.duplicates} repeated lines"
+    if captured.refused:
+        text += f", {captured.refused} calls refused at serving (not replayed)"
+    if captured.problems:
+        text += f", {len(captured.problems)} bad lines (reported above; the exit status says so)"
+    return text

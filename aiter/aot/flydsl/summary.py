@@ -44,6 +44,9 @@ def print_job_lines(report: ArchReport, mode: Mode, verbose: bool) -> None:
                 )
                 print(f"          {result.job.axis} {seg.lo}-{seg.hi}: {names}")
         if mode == Mode.CHECK:
+            if result.missing:
+                for message in result.misses:  # a captured call the cache would not serve
+                    print("\n".join(f"          {line}" for line in message.splitlines()))
             for m in result.missing:
                 where = (
                     f"module={result.job.module} row={result.job.row} "
