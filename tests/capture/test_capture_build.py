@@ -1,0 +1,129 @@
+"""Building and auditing from a capture (`--capture`), on GEMM calls captured in this process
+through the public entry wrapped as AITER_CAPTURE wraps it: one job per distinct call, the
+widened run of the row (or heuristic) serving it, the miss message of each call an empty cache
+would not serve, and bad lines reported with the exit status saying so."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from aiter import capture
+from aiter import flydsl_bridge as bridge
+from aiter.aot.flydsl.dry_run import dry_run
+from aiter.ops.gemm import entry as gemm_entry
+from tests.aot_cli import lines_starting, replay_reports, run_aot
+
+N, K = 6144, 4096  # a tuned gfx942 shape: rows at M = 1, 2, 4, ..., 8192
+
+
+def capture_gemm(path: Path, monkeypatch, ms: list[int], n: int = N, k: int = K) -> Path:
+    """gemm_a16w16 at each M (bfloat16, N x K weight) captured to `path` in a dry run of
+    gfx942 with 304 CUs, as a serving process with AITER_CAPTURE=path records it."""
+    monkeypatch.setenv(capture.ENV_CAPTURE, str(path))
+    gemm = capture.entry("gemm_a16w16")(gemm_entry.gemm_a16w16)
+    with dry_run("gfx942", 304, bridge.MODE_NAME):
+        for m in ms:
+            a = torch.empty((m, k), dtype=torch.bfloat16, device="cuda")
+            gemm(a, torch.empty((n, k), dtype=torch.bfloat16, device="cuda"))
+    monkeypatch.delenv(capture.ENV_CAPTURE)
+    return path
+
+
+def jobs_of(report) -> list:
+    return [r.job for r in report.results]
+
+
+def test_widen_covers_the_run_that_serves_each_call(tmp_path, monkeypatch) -> None:
+    path = capture_gemm(tmp_path / "c.jsonl", monkeypatch, [300, 10000, 300])
+    proc, reports = replay_reports(
+        "aiter.aot.flydsl", {"GPU_ARCHS": "gfx942"}, tmp_path / "r.json",
+        "--list", "--capture", str(path), "--capture-widen", "--max-m", "16384",
+        "--cache-dir", str(tmp_path / "cache"), "-j", "2",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    jobs = jobs_of(reports["gfx942"])
+    # 300 is served by the row at M=512 (above 256's); 10000 by the heuristic above 8192.
+    assert [(j.row, j.axis, j.lo, j.hi) for j in jobs] == [
+        (f"{path}:1", "M", 257, 512),
+        (f"{path}:2", "M", 8193, 16384),
+    ]
+    assert all(j.table == "capture" and j.variant == "gemm_a16w16" for j in jobs)
+    assert len(path.read_text().splitlines()) == 2  # the process wrote the repeat once
+    assert "--capture: 2 distinct calls of 1 module(s)" in proc.stderr
+
+
+def test_check_names_each_call_an_empty_cache_would_not_serve(tmp_path, monkeypatch) -> None:
+    path = capture_gemm(tmp_path / "c.jsonl", monkeypatch, [7, 300])
+    proc = run_aot(
+        "aiter.aot.flydsl", "--check", "--capture", str(path),
+        "--cache-dir", str(tmp_path / "cache"), "-j", "2",
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    fails = lines_starting(proc.stdout, "FAIL")
+    assert [f.split()[3] for f in fails] == ["c.jsonl:1", "c.jsonl:2"]
+    for m in (7, 300):
+        assert f"call:    gemm_a16w16(A=bfloat16[{m}, {K}] row-major" in proc.stdout
+    # One message per kernel a call lacks (a split-K call lacks its reduction kernel too).
+    misses = len(lines_starting(proc.stdout, "MISSING"))
+    assert misses >= 2
+    assert proc.stdout.count("device:  gfx942, 304 CUs") == misses
+    assert proc.stdout.count("served:  row ") == misses  # both M are tuned
+    assert proc.stdout.count("fix:     build it from the capture: GPU_ARCHS=gfx942:304 ") == misses
+    assert f"--capture {path}" in proc.stdout
+
+
+def test_a_bad_line_is_reported_and_the_rest_still_replayed(tmp_path, monkeypatch) -> None:
+    path = capture_gemm(tmp_path / "c.jsonl", monkeypatch, [16])
+    good = path.read_text()
+    line = json.loads(good)
+    line["schema"] = capture.SCHEMA_VERSION + 1
+    path.write_text(good + json.dumps(line) + "\n" + good[:50])
+    proc, reports = replay_reports(
+        "aiter.aot.flydsl", {}, tmp_path / "r.json", "--list", "--capture", str(path),
+        "--cache-dir", str(tmp_path / "cache"),
+    )  # fmt: skip
+    assert proc.returncode == 1
+    assert f"capture: {path}:2: capture schema {capture.SCHEMA_VERSION + 1}" in proc.stderr
+    assert f"capture: {path}:3: truncated last line" in proc.stderr
+    assert [j.lo for j in jobs_of(reports["gfx942"])] == [16]
+
+
+def test_a_call_the_entry_now_rejects_fails_its_own_job(tmp_path, monkeypatch) -> None:
+    path = capture_gemm(tmp_path / "c.jsonl", monkeypatch, [16, 32])
+    lines = path.read_text().splitlines()
+    first = json.loads(lines[0])
+    first["args"][1]["tensor"]["shape"] = [N, K + 1]  # B's K no longer A's
+    path.write_text(json.dumps(first) + "\n" + lines[1] + "\n")
+    proc, reports = replay_reports(
+        "aiter.aot.flydsl", {}, tmp_path / "r.json", "--list", "--capture", str(path),
+        "--cache-dir", str(tmp_path / "cache"),
+    )  # fmt: skip
+    assert proc.returncode == 1
+    [fail] = lines_starting(proc.stdout, "FAIL")
+    assert "c.jsonl:1" in fail and "ValueError" in fail
+    assert [r.tag for r in reports["gfx942"].results] == ["FAIL", "OK"]
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["--capture-widen"], "--capture-widen and --tables go with --capture PATH"),
+        (["--capture", "/nonexistent.jsonl"], "--capture /nonexistent.jsonl: no such file"),
+    ],
+)
+def test_bad_capture_options_are_usage_errors(args, expected) -> None:
+    proc = run_aot("aiter.aot.flydsl", "--list", *args)
+    assert proc.returncode == 2 and expected in proc.stderr
+
+
+def test_module_narrows_the_captured_modules(tmp_path, monkeypatch) -> None:
+    path = capture_gemm(tmp_path / "c.jsonl", monkeypatch, [16])
+    proc = run_aot("aiter.aot.flydsl", "--list", "--capture", str(path), "--module", "moe")
+    assert proc.returncode == 2
+    assert "--capture: no module of this build replays the captured ops (gemm_a16w16)" in (
+        proc.stderr
+    )
