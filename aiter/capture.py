@@ -145,7 +145,7 @@ def _served(records) -> list[dict[str, Any]]:
     return [
         {"backend": r.backend, "kernel": r.kernel, "source": r.source, "row": r.row,
          "params": {k: describe(v) for k, v in r.params.items()}, "table": r.table,
-         "axis": dict(r.axis)}  # fmt: skip
+         "axis": dict(r.axis), "table_row": r.table_row}  # fmt: skip
         for r in records
     ]
 

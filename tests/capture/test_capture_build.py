@@ -127,3 +127,44 @@ def test_module_narrows_the_captured_modules(tmp_path, monkeypatch) -> None:
     assert "--capture: no module of this build replays the captured ops (gemm_a16w16)" in (
         proc.stderr
     )
+
+
+def test_merge_keeps_each_distinct_call_once_and_reports_bad_lines(tmp_path, monkeypatch) -> None:
+    a = capture_gemm(tmp_path / "a.jsonl", monkeypatch, [16, 32])
+    b = capture_gemm(tmp_path / "b.jsonl", monkeypatch, [32, 64])
+    b.write_text(b.read_text() + '{"schema": 1, "op"')
+    merged = tmp_path / "merged.jsonl"
+    proc = run_aot("aiter.aot.flydsl.capture", "merge", str(a), str(b), "-o", str(merged))
+    assert proc.returncode == 1  # the truncated line
+    assert f"capture: {b}:3: truncated last line" in proc.stderr
+    ms = [json.loads(x)["args"][0]["tensor"]["shape"][0] for x in merged.read_text().splitlines()]
+    assert ms == [16, 32, 64]
+    again = run_aot("aiter.aot.flydsl.capture", "merge", str(merged), str(a), "-o", str(merged))
+    assert again.returncode == 0 and len(merged.read_text().splitlines()) == 3
+
+
+def test_suggested_rows_load_and_serve_the_untuned_calls(tmp_path, monkeypatch) -> None:
+    from aiter import dispatch
+    from aiter.ops.gemm.table import A16W16
+
+    untuned_n, untuned_k = 384, 768  # no row of any table has this shape
+    path = capture_gemm(tmp_path / "c.jsonl", monkeypatch, [5, 300], untuned_n, untuned_k)
+    capture_gemm(path, monkeypatch, [300])  # tuned: nothing to suggest for it
+    proc = run_aot("aiter.aot.flydsl.capture", "suggest", str(path), "-o", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    table = tmp_path / A16W16.name
+    assert f"# gemm_a16w16: 2 row(s) for --csv gemm_a16w16={table}" in proc.stdout
+    rows = table.read_text().splitlines()
+    assert rows[0] == ",".join(A16W16.header) and len(rows) == 3
+    monkeypatch.setenv(A16W16.env_var, A16W16.env_value([str(table)]))
+    served = []
+    with dispatch.observe() as records, dry_run("gfx942", 304, bridge.MODE_NAME):
+        for m in (5, 300):
+            a = torch.empty((m, untuned_k), dtype=torch.bfloat16, device="cuda")
+            b = torch.empty((untuned_n, untuned_k), dtype=torch.bfloat16, device="cuda")
+            gemm_entry.gemm_a16w16(a, b)
+            served.append(records[-1])
+    assert [r.row for r in served] == [f"{table}:2", f"{table}:3"]
+    captured = [json.loads(x)["served"][0] for x in path.read_text().splitlines()[:2]]
+    assert [r.kernel for r in served] == [c["kernel"] for c in captured]  # as the heuristic did
+    assert [r.params["split_k"] for r in served] == [c["params"]["split_k"] for c in captured]

@@ -340,8 +340,25 @@ class Plan:
             params,
             args=described,
             table=self.table,
+            table_row=self._row_as_served() if self.row is None else None,
             axis={gemm_table.M_AXIS.name: self.call.m} if self.call is not None else {},
         )
+
+    def _row_as_served(self) -> dict[str, str] | None:
+        """The cells of a tuned row that would serve this untuned call as the heuristic did
+        (what `capture suggest` prints)."""
+        if self.call is None or self.choice is None:
+            return None
+        cells = {name: str(value) for name, value in self.call.key}
+        cells.update(
+            M=str(self.call.m),
+            libtype=LIBTYPE_FLYDSL,
+            splitK=str(self.choice.split_k),
+            kernelId="0",
+            us="",
+            kernelName=self.choice.name,
+        )
+        return cells
 
 
 def _describe(choice: KernelChoice) -> str:
