@@ -76,6 +76,7 @@ def test_check_names_each_call_an_empty_cache_would_not_serve(tmp_path, monkeypa
     assert f"--capture {path}" in proc.stdout
 
 
+@pytest.mark.slow  # AOT command lines in subprocesses
 def test_a_bad_line_is_reported_and_the_rest_still_replayed(tmp_path, monkeypatch) -> None:
     path = capture_gemm(tmp_path / "c.jsonl", monkeypatch, [16])
     good = path.read_text()
@@ -92,6 +93,7 @@ def test_a_bad_line_is_reported_and_the_rest_still_replayed(tmp_path, monkeypatc
     assert [j.lo for j in jobs_of(reports["gfx942"])] == [16]
 
 
+@pytest.mark.slow  # AOT command lines in subprocesses
 def test_a_call_the_entry_now_rejects_fails_its_own_job(tmp_path, monkeypatch) -> None:
     path = capture_gemm(tmp_path / "c.jsonl", monkeypatch, [16, 32])
     lines = path.read_text().splitlines()
@@ -108,6 +110,7 @@ def test_a_call_the_entry_now_rejects_fails_its_own_job(tmp_path, monkeypatch) -
     assert [r.tag for r in reports["gfx942"].results] == ["FAIL", "OK"]
 
 
+@pytest.mark.slow  # AOT command lines in subprocesses
 @pytest.mark.parametrize(
     "args, expected",
     [
@@ -120,6 +123,7 @@ def test_bad_capture_options_are_usage_errors(args, expected) -> None:
     assert proc.returncode == 2 and expected in proc.stderr
 
 
+@pytest.mark.slow  # AOT command lines in subprocesses
 def test_module_narrows_the_captured_modules(tmp_path, monkeypatch) -> None:
     path = capture_gemm(tmp_path / "c.jsonl", monkeypatch, [16])
     proc = run_aot("aiter.aot.flydsl", "--list", "--capture", str(path), "--module", "moe")
@@ -129,6 +133,7 @@ def test_module_narrows_the_captured_modules(tmp_path, monkeypatch) -> None:
     )
 
 
+@pytest.mark.slow  # AOT command lines in subprocesses
 def test_merge_keeps_each_distinct_call_once_and_reports_bad_lines(tmp_path, monkeypatch) -> None:
     a = capture_gemm(tmp_path / "a.jsonl", monkeypatch, [16, 32])
     b = capture_gemm(tmp_path / "b.jsonl", monkeypatch, [32, 64])
@@ -143,6 +148,7 @@ def test_merge_keeps_each_distinct_call_once_and_reports_bad_lines(tmp_path, mon
     assert again.returncode == 0 and len(merged.read_text().splitlines()) == 3
 
 
+@pytest.mark.slow  # AOT command lines in subprocesses
 def test_suggested_rows_load_and_serve_the_untuned_calls(tmp_path, monkeypatch) -> None:
     from aiter import dispatch
     from aiter.ops.gemm.table import A16W16
