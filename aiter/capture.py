@@ -6,7 +6,9 @@ A line holds the schema version, aiter's and FlyDSL's versions, the op, the arch
 every argument described (tensors by dtype, shape, strides and device; small integer host
 tensors, whose values host code reads, by value too; scalars and flags as they are) and how
 the call was served (the dispatch records: backend, kernel, table row or heuristic, the
-compile-time choices). No tensor data is ever written.
+compile-time choices) and the FlyDSL kernels it launched, each with how the cache served it
+(`hit`, `compiled`, or `refused` under FLYDSL_RUNTIME_RUN_ONLY=1). No tensor data is ever
+written.
 
 Cost: with the variable unset, `entry` returns the function itself. With it set, a call whose
 arguments match one already recorded costs building its key and one dict lookup; only the
@@ -150,7 +152,40 @@ def _served(records) -> list[dict[str, Any]]:
     ]
 
 
-def _line(op: str, args: tuple, kwargs: dict, records, error: BaseException | None):
+@contextlib.contextmanager
+def _launches():
+    """The FlyDSL launches of the block with how the cache served each; None when FlyDSL's
+    internals the hooks need moved (the call is still served and recorded)."""
+    from aiter import flydsl_bridge as bridge
+
+    try:
+        observing = bridge.observe_launches()
+        launches = observing.__enter__()
+    except bridge.ReplayHookBroken:
+        yield None
+        return
+    try:
+        yield launches
+    finally:
+        observing.__exit__(None, None, None)
+
+
+def _kernels(launches) -> list[dict[str, Any]] | None:
+    if launches is None:
+        return None
+    seen: dict[str, dict[str, Any]] = {}
+    for launch in launches:
+        r = launch.request
+        entry = seen.setdefault(
+            str(r.path) if r.key else r.function,
+            {"function": r.function, "params": r.describe_params(), "cache": launch.cache},
+        )
+        if launch.cache != entry["cache"] and launch.cache != "hit":
+            entry["cache"] = launch.cache  # a kernel launched twice: its first compile counts
+    return list(seen.values())
+
+
+def _line(op: str, args: tuple, kwargs: dict, records, error, launches=None):
     from aiter import device
 
     line: dict[str, Any] = {"schema": SCHEMA_VERSION, **_versions(), "op": op}
@@ -161,6 +196,7 @@ def _line(op: str, args: tuple, kwargs: dict, records, error: BaseException | No
     line["args"] = [describe(a) for a in args]
     line["kwargs"] = {name: describe(v) for name, v in kwargs.items()}
     line["served"] = _served(records)
+    line["kernels"] = _kernels(launches)
     if error is not None:
         line["error"] = f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"
     return line
@@ -184,13 +220,13 @@ def entry(op: str) -> Callable[[F], F]:
                 return fn(*args, **kwargs)
             from aiter import dispatch
 
-            with dispatch.observe() as records:
+            with dispatch.observe() as records, _launches() as launches:
                 try:
                     result = fn(*args, **kwargs)
                 except BaseException as error:
-                    capture.write(_line(op, args, kwargs, records, error))
+                    capture.write(_line(op, args, kwargs, records, error, launches))
                     raise
-            capture.write(_line(op, args, kwargs, records, None))
+            capture.write(_line(op, args, kwargs, records, None, launches))
             return result
 
         return captured  # type: ignore[return-value]

@@ -38,6 +38,7 @@ from aiter.flydsl_bridge.watching import (
     CompileListener,
     in_aot_build,
     name_launches,
+    observe_launches,
     serving_self_test,
     watch_compiles,
 )
@@ -66,6 +67,7 @@ __all__ = [
     "in_aot_build",
     "jit_function",
     "name_launches",
+    "observe_launches",
     "record_launches",
     "register_stream_type",
     "run_only_from_env",

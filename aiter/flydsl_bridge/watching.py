@@ -52,7 +52,19 @@ def _serving_state() -> threading.local:
     if not hasattr(_serving, "launches"):
         _serving.launches = []  # (jit function, args, kwargs) of the launches under way
         _serving.naming = None  # the list name_launches() fills, None outside it
+        _serving.observed = None  # the list observe_launches() fills, None outside it
+        _serving.outcomes = []  # the observed launches under way, innermost last
     return _serving
+
+
+class LaunchOutcome:
+    """One observed launch: its cache entry and how the cache served it."""
+
+    HIT, COMPILED, REFUSED = "hit", "compiled", "refused"
+
+    def __init__(self, request: KernelRequest) -> None:
+        self.request = request
+        self.cache = self.HIT  # no compile ran: loaded from the disk or in-memory cache
 
 
 def in_aot_build() -> bool:
@@ -161,13 +173,22 @@ def _install_serving_hooks() -> None:
                 state.naming.append(_request_of(self, args, kwargs))
                 return None
             listener = _listener
-            if listener is None:
+            if listener is None and state.observed is None:
                 return original_call(self, *args, **kwargs)
+            outcome = None
+            if state.observed is not None and ir.Context.current is None:
+                outcome = LaunchOutcome(_request_of(self, args, kwargs))
+                state.observed.append(outcome)
+                state.outcomes.append(outcome)
             state.launches.append((self, args, kwargs))
             try:
                 return original_call(self, *args, **kwargs)
             except RuntimeError as err:
                 if not str(err).startswith(RUN_ONLY_MISS):
+                    raise
+                if outcome is not None:
+                    outcome.cache = LaunchOutcome.REFUSED
+                if listener is None:
                     raise
                 replacement = listener.run_only_miss(_request_of(self, args, kwargs), err)
                 if replacement is None:
@@ -175,11 +196,16 @@ def _install_serving_hooks() -> None:
                 raise replacement from err
             finally:
                 state.launches.pop()
+                if outcome is not None:
+                    state.outcomes.pop()
 
         def trace_and_compile(self, ctx, sig, bound, bound_self, **options):
             listener = _listener
             if listener is not None:
                 listener.compiling(_compiling_request(self, bound))
+            outcomes = _serving_state().outcomes
+            if outcomes:
+                outcomes[-1].cache = LaunchOutcome.COMPILED
             return original_trace(self, ctx, sig, bound, bound_self, **options)
 
         jf.JitFunction.__call__ = call
@@ -195,6 +221,20 @@ def watch_compiles(listener: CompileListener | None) -> None:
     if listener is not None:
         _install_serving_hooks()
     _listener = listener
+
+
+@contextmanager
+def observe_launches() -> Iterator[list[LaunchOutcome]]:
+    """Collect, for every FlyDSL launch of this thread inside the block, its cache entry and
+    whether it was a cache hit, compiled, or refused under FLYDSL_RUNTIME_RUN_ONLY=1 (what a
+    serving capture records). Launches run as they would without it."""
+    _install_serving_hooks()
+    state = _serving_state()
+    previous, state.observed = state.observed, []
+    try:
+        yield state.observed
+    finally:
+        state.observed = previous
 
 
 @contextmanager

@@ -106,3 +106,43 @@ def test_processes_sharing_one_file_lose_and_interleave_nothing(tmp_path) -> Non
     }
     assert seen == {(1 + i, 64 * (r + 1)) for i in range(calls) for r in range(ranks)}
     assert all(ln["served"] and ln["served"][0]["kernel"] for ln in lines)
+
+
+KERNELS = textwrap.dedent("""
+    import torch
+    from aiter.toolchain import configure_linker
+    configure_linker()
+    import aiter
+    from aiter import flydsl_bridge as bridge
+    from aiter.aot.flydsl.dry_run import dry_run
+    with dry_run("gfx942", 304, bridge.MODE_COMPILE):
+        e = lambda *s: torch.empty(s, dtype=torch.bfloat16, device="cuda")
+        try:
+            aiter.gemm_a16w16(e(7, 512), e(256, 512))
+        except Exception as error:
+            print(type(error).__name__)
+    """)
+
+
+@pytest.mark.slow  # compiles a kernel
+def test_each_kernel_says_whether_the_cache_served_it(tmp_path) -> None:
+    path, script = tmp_path / "capture.jsonl", tmp_path / "serve.py"
+    script.write_text(KERNELS)
+
+    def serve(cache, **env):
+        full = {**aot_env(env), capture.ENV_CAPTURE: str(path),
+                "FLYDSL_RUNTIME_CACHE_DIR": str(cache)}  # fmt: skip
+        subprocess.run([sys.executable, str(script)], cwd=REPO, env=full, check=True, timeout=600)
+
+    serve(tmp_path / "empty", FLYDSL_RUNTIME_RUN_ONLY="1")
+    serve(tmp_path / "cache")
+    serve(tmp_path / "cache", FLYDSL_RUNTIME_RUN_ONLY="1")
+    lines = _lines(path)
+    assert [[k["cache"] for k in line["kernels"]] for line in lines] == [
+        ["refused"],
+        ["compiled"],
+        ["hit"],
+    ]
+    assert lines[0]["error"].startswith("JitCompileRefused")
+    assert lines[1]["kernels"][0]["function"] == "gemm_a16w16"
+    assert "tile_m=16" in lines[1]["kernels"][0]["params"]
