@@ -609,8 +609,10 @@ def test_error_refuses_an_untuned_miss_with_every_fact(built, cache, tmp_path) -
         f"    {_entry(built, cache, 1).relative_to(cache)} (built for bf16_tuned_gemm.csv:3, "
         "M 33-64): c=bfloat16 (this call: float32), tile_k=64 (this call: 128), split_k=1 "
         "(this call: 8)",
-        "  fix:     add a row for this shape to bf16_tuned_gemm.csv (--csv gemm_a16w16=PATH) "
-        f"and rebuild: GPU_ARCHS=gfx942:304 AITER_CONFIG_DIR={built[0]['AITER_CONFIG_DIR']} "
+        "  fix:     add a row for this shape to bf16_tuned_gemm.csv, e.g. "
+        "gfx942,304,32,2048,4096,0,torch.bfloat16,torch.bfloat16,flydsl,8,,"
+        "flydsl_a16w16_mfma_32x64x128 (--csv gemm_a16w16=PATH) and rebuild: "
+        f"GPU_ARCHS=gfx942:304 AITER_CONFIG_DIR={built[0]['AITER_CONFIG_DIR']} "
         f"python -m aiter.aot.flydsl --module gemm --csv gemm_a16w16=PATH --cache-dir {cache}",
     ]
     for line in expected:
