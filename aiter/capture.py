@@ -15,7 +15,7 @@ arguments match one already recorded costs building its key and one dict lookup;
 first call of a distinct key listens to the dispatch records and writes. Each line goes out
 in one `write` of an O_APPEND file under an exclusive `flock`, so processes sharing the file
 (ranks of one server, servers on one disk) never interleave or lose lines. The dedupe holds
-at most MAX_DISTINCT keys (least recently used out first): past that a key may be written
+at most MAX_DISTINCT keys (the oldest out first): past that a key may be written
 again, which `capture merge` removes.
 """
 
@@ -27,7 +27,6 @@ import functools
 import json
 import os
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -71,21 +70,22 @@ def describe(value: Any) -> Any:
     return {"repr": repr(value)}
 
 
-def _key_part(value: Any) -> Any:
-    """What of an argument selects kernels, as a hashable value (cheaper than `describe`)."""
-    import torch
-
+def _key_part(value: Any, torch: Any = None) -> Any:
+    """What of an argument selects kernels, as a hashable value (cheaper than `describe`: the
+    hot path of a captured entry builds one per argument on every call)."""
+    if torch is None:
+        import torch
     if isinstance(value, torch.Tensor):
-        host = value.device.type == "cpu" and value.numel() <= HOST_VALUES_LIMIT
-        values = ()
-        if host and not value.dtype.is_floating_point:
+        if (value.is_cpu and not value.is_floating_point() and value.dtype != torch.bool
+                and value.numel() <= HOST_VALUES_LIMIT):  # fmt: skip
             try:
                 values = tuple(value.flatten().tolist())
-            except RuntimeError:
+            except RuntimeError:  # a FakeTensor has none
                 values = ()
-        return (value.dtype, tuple(value.shape), value.stride(), value.device.type, values)
+            return (value.dtype, value.shape, value.stride(), value.device, values)
+        return (value.dtype, value.shape, value.stride(), value.device)
     if isinstance(value, (list, tuple)):
-        return tuple(_key_part(v) for v in value)
+        return tuple([_key_part(v, torch) for v in value])
     if value is None or isinstance(value, (bool, int, float, str, torch.dtype)):
         return value
     return repr(value)
@@ -96,17 +96,18 @@ class _Capture:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self._seen: OrderedDict[Any, None] = OrderedDict()
+        self._seen: dict[Any, None] = {}  # insertion-ordered
         self._lock = threading.Lock()
 
     def first_time(self, key: Any) -> bool:
+        if key in self._seen:  # the hot path: one dict lookup, no lock (atomic under the GIL)
+            return False
         with self._lock:
             if key in self._seen:
-                self._seen.move_to_end(key)
                 return False
             self._seen[key] = None
             if len(self._seen) > MAX_DISTINCT:
-                self._seen.popitem(last=False)
+                del self._seen[next(iter(self._seen))]  # the oldest out first
             return True
 
     def write(self, line: dict[str, Any]) -> None:
@@ -130,6 +131,9 @@ def _capture() -> _Capture | None:
     path = os.environ.get(ENV_CAPTURE, "")
     if not path:
         return None
+    active = _active
+    if active is not None and active.path == path:
+        return active
     with _active_lock:
         if _active is None or _active.path != path:
             _active = _Capture(path)
@@ -209,13 +213,14 @@ def entry(op: str) -> Callable[[F], F]:
     def wrap(fn: F) -> F:
         if not os.environ.get(ENV_CAPTURE):
             return fn
+        import torch  # an entry's module imports it anyway; the hot path uses it bound here
 
         @functools.wraps(fn)
         def captured(*args, **kwargs):
             capture = _capture()
             if capture is None:
                 return fn(*args, **kwargs)
-            key = (op, _key_part(args), tuple((k, _key_part(v)) for k, v in kwargs.items()))
+            key = (op, _key_part(args, torch), _key_part(tuple(kwargs.items()), torch))
             if not capture.first_time(key):
                 return fn(*args, **kwargs)
             from aiter import dispatch

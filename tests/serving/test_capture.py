@@ -67,8 +67,8 @@ def test_integer_host_tensors_are_recorded_by_value_and_nothing_else_is() -> Non
 def test_the_dedupe_is_bounded(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(capture, "MAX_DISTINCT", 2)
     recorder = capture._Capture(str(tmp_path / "c.jsonl"))
-    assert [recorder.first_time(k) for k in ("a", "b", "a", "c", "b")] == [
-        True, True, False, True, True,  # "b" was the least recently used when "c" came
+    assert [recorder.first_time(k) for k in ("a", "b", "a", "c", "b", "a")] == [
+        True, True, False, True, False, True,  # "a" was the oldest when "c" came
     ]  # fmt: skip
 
 
