@@ -5,8 +5,8 @@ from them (`python -m aiter.aot.flydsl --capture PATH`).
   each bad line reported as `file:line`; C is written whole or not at all.
 - `suggest PATH ... [-o DIR]`: per table, the rows that would serve the captured untuned calls
   as the heuristic served them, in the table's own columns, ready for `--csv TABLE=PATH`
-  (written to DIR/<table file> with -o). A family's dispatch records carry these cells
-  (`DispatchRecord.table_row`); a family whose records do not has nothing suggested.
+  (written to DIR/<table file> with -o). Each family's dispatch records carry these cells
+  (`DispatchRecord.table_row`); a call torch served because no kernel could has none.
 
 Exit status: 0, or 1 when some line could not be used as written, 2 for a usage error.
 """

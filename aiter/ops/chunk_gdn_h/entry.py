@@ -113,5 +113,9 @@ def chunk_gated_delta_rule_fwd_h(
                         "save_new_value": str(save_new_value)}  # fmt: skip
 
     axis = {"seqs": call.num_seqs, "tokens": gdn_plan.total_tokens(call)}
-    choice.report(described, axis, **params)
+
+    def as_row() -> dict[str, str]:
+        return gdn_plan.row_as_served(call, choice, device.arch(), device.cu_num())
+
+    choice.report(described, axis, as_row, **params)
     return launch(choice)

@@ -73,9 +73,10 @@ class BlockVChoice:
         return f"{KERNELS}_{self.mma}_k{self.head_dim}_bv{self.block_v}"
 
     def report(self, args: Callable[[], dict[str, str]], axis: dict[str, int],
+               table_row: Callable[[], dict[str, str]] | None = None,
                **params: object) -> None:  # fmt: skip
         """Tell aiter.dispatch how the call is served (the record built only when someone
-        listens)."""
+        listens); `table_row` gives the cells of a row that would serve an untuned call."""
         dispatch.report(
             lambda: dispatch.DispatchRecord(
                 OP,
@@ -86,6 +87,7 @@ class BlockVChoice:
                 {"block_v": self.block_v, **params},
                 args=args(),
                 table=CHUNK_GDN_H.short_name,
+                table_row=table_row() if table_row is not None and self.row is None else None,
                 axis=axis,
             )
         )
@@ -128,6 +130,14 @@ def table_key(call: ChunkHCall, gfx: str, cu_num: int) -> dict[str, object]:
 
 def total_tokens(call: ChunkHCall) -> int:
     return call.batch * call.seqlen
+
+
+def row_as_served(call: ChunkHCall, choice: BlockVChoice, gfx: str, cu_num: int) -> dict[str, str]:
+    """The cells of a tuned row that would serve `call` with `choice`'s BV: its layer, its N
+    and its tokens as T_flat (what `capture suggest` prints)."""
+    cells = {name: str(value) for name, value in table_key(call, gfx, cu_num).items()}
+    cells.update(T_flat=str(total_tokens(call)), BV=str(choice.block_v), us="")
+    return cells
 
 
 def choose_block_v(call: ChunkHCall, gfx: str, cu_num: int, mma: str = "mfma") -> BlockVChoice:

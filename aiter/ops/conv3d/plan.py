@@ -138,6 +138,8 @@ class ConvPlan:
     # None when FlyDSL serves or the row says torch.
     reason: str | None = None
     frames: int = 0  # the call's D, on the axis a build replays
+    geometry: Any = None  # the call's conv and bias, for the row a record suggests
+    has_bias: bool = False
 
     @property
     def use_torch(self) -> bool:
@@ -173,8 +175,26 @@ class ConvPlan:
             {"match": self.match, "split_k": self.choice.split_k, **self._fallback(), **params},
             args=described,
             table=CONV3D.short_name,
+            table_row=self._row_as_served() if self.row is None else None,
             axis={CONV3D.axis.name: self.frames} if self.frames else {},
         )
+
+    def _row_as_served(self) -> dict[str, str] | None:
+        """The cells of a tuned row of this call's exact shape that would serve it with the
+        heuristic's tile and split-K (what `capture suggest` prints)."""
+        if self.geometry is None or self.choice is None:
+            return None
+        g, t = self.geometry, self.choice.tile
+        arch, cu_num = device.arch(), device.cu_num()
+        layer = layer_key(g, self.has_bias, arch, cu_num)
+        cells = {n: str(v) for n, v in zip(conv3d_table.LAYER_COLUMNS, layer, strict=True)}
+        cells.update(
+            N=str(g.n), D=str(g.d), H=str(g.h), W=str(g.w),
+            tile_m=str(t.tile_m), tile_n=str(t.tile_n), wave_m=str(t.wave_m),
+            wave_n=str(t.wave_n), wgm=str(t.wgm), splitK=str(self.choice.split_k),
+            kernelName=self.choice.name, libtype=conv3d_table.LIBTYPE_FLYDSL,
+        )  # fmt: skip
+        return cells
 
     def _fallback(self) -> dict[str, str]:
         return {"fallback_from": describe(self.planned)} if self.planned is not None else {}
@@ -364,4 +384,4 @@ def plan(geometry: Any, has_bias: bool) -> ConvPlan:
     reason = cannot_serve(geometry, mma, choice)
     if reason is not None:
         return ConvPlan(row, match, None, reason=reason, frames=geometry.d)
-    return ConvPlan(row, match, choice, frames=geometry.d)
+    return ConvPlan(row, match, choice, frames=geometry.d, geometry=geometry, has_bias=has_bias)

@@ -89,6 +89,7 @@ class MoePlan:
     row: Row | None
     choice: MoeChoice
     planned: MoeChoice | None = None  # set when a fallback replaced this choice
+    shape: MoeShape | None = None  # what the table keys on, for the row a record suggests
 
     def report(self, args: Callable[[], dict[str, str]] | None = None) -> None:
         """Tell aiter.dispatch how the call is served; `args` describes the call's arguments."""
@@ -111,8 +112,26 @@ class MoePlan:
             },
             args=args() if args is not None else {},
             table=moe_table.FMOE.short_name,
+            table_row=self._row_as_served() if self.row is None else None,
             axis={moe_table.TOKENS_AXIS.name: self.tokens},
         )
+
+    def _row_as_served(self) -> dict[str, str] | None:
+        """The cells of a tuned row that would serve this untuned call as the planner did: at
+        the padded token count the table is searched at (what `capture suggest` prints)."""
+        if self.shape is None:
+            return None
+        c = self.choice
+        cells = {n: str(v) for n, v in self.shape.key(device.arch(), device.cu_num()).items()}
+        cells.update(
+            token=str(self.padded),
+            block_m=str(c.block_m),
+            ksplit=str(c.ksplit),
+            kernelName1=c.stage1_name,
+            kernelName2=c.stage2_name,
+            run_1stage="0",
+        )
+        return cells
 
 
 def describe(choice: MoeChoice) -> str:
@@ -270,4 +289,4 @@ def plan(shape: MoeShape, tokens: int) -> MoePlan:
         )
     default = GemmTile(block_m, DEFAULT_TILE_N, DEFAULT_TILE_K[shape.quantized])
     choice = MoeChoice(mma, block_m, tile1 or default, tile2 or default, ksplit, mode)
-    return MoePlan(tokens, padded, row, choice)
+    return MoePlan(tokens, padded, row, choice, shape=shape)
