@@ -76,14 +76,17 @@ def _key_part(value: Any, torch: Any = None) -> Any:
     if torch is None:
         import torch
     if isinstance(value, torch.Tensor):
-        if (value.is_cpu and not value.is_floating_point() and value.dtype != torch.bool
+        # Attributes only (a FakeTensor answers `is_cpu` or `is_floating_point()` through its
+        # dispatcher, tens of times slower).
+        dtype, device = value.dtype, value.device
+        if (device.type == "cpu" and not dtype.is_floating_point and dtype != torch.bool
                 and value.numel() <= HOST_VALUES_LIMIT):  # fmt: skip
             try:
                 values = tuple(value.flatten().tolist())
             except RuntimeError:  # a FakeTensor has none
                 values = ()
-            return (value.dtype, value.shape, value.stride(), value.device, values)
-        return (value.dtype, value.shape, value.stride(), value.device)
+            return (dtype, value.shape, value.stride(), device, values)
+        return (dtype, value.shape, value.stride(), device)
     if isinstance(value, (list, tuple)):
         return tuple([_key_part(v, torch) for v in value])
     if value is None or isinstance(value, (bool, int, float, str, torch.dtype)):
