@@ -174,3 +174,38 @@ def test_suggested_rows_load_and_serve_the_untuned_calls(tmp_path, monkeypatch) 
     captured = [json.loads(x)["served"][0] for x in path.read_text().splitlines()[:2]]
     assert [r.kernel for r in served] == [c["kernel"] for c in captured]  # as the heuristic did
     assert [r.params["split_k"] for r in served] == [c["params"]["split_k"] for c in captured]
+
+
+@pytest.mark.slow  # an AOT command line in a subprocess
+def test_widen_moves_a_dense_chunk_gdn_h_call_along_its_sequence_length(
+    tmp_path, monkeypatch
+) -> None:
+    from aiter.ops.chunk_gdn_h import entry as gdn_entry
+
+    path = tmp_path / "c.jsonl"
+    monkeypatch.setenv(capture.ENV_CAPTURE, str(path))
+    call = capture.entry("chunk_gated_delta_rule_fwd_h")(gdn_entry.chunk_gated_delta_rule_fwd_h)
+    batch = 8
+
+    def empty(*shape, dtype=torch.bfloat16):
+        return torch.empty(shape, dtype=dtype, device="cuda")
+
+    with dry_run("gfx942", 304, bridge.MODE_NAME):
+        # 16000 tokens: the row of the layer at N = 8, T_flat = 32768; 40000: the heuristic.
+        for seqlen in (2000, 5000):
+            call(empty(batch, seqlen, 16, 128), empty(batch, seqlen, 32, 128),
+                 empty(batch, seqlen, 32, 128), g=empty(batch, seqlen, 32, dtype=torch.float32),
+                 output_final_state=True)  # fmt: skip
+    monkeypatch.delenv(capture.ENV_CAPTURE)
+    proc, reports = replay_reports(
+        "aiter.aot.flydsl", {"GPU_ARCHS": "gfx942"}, tmp_path / "r.json",
+        "--list", "--capture", str(path), "--capture-widen", "--max-tokens", "65536",
+        "--cache-dir", str(tmp_path / "cache"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    # The row serves 8193..32768 tokens of 8 sequences: T from 1025 to 32768 / 8; the
+    # heuristic the rest, up to the deployment's 65536 tokens.
+    assert [(j.axis, j.lo, j.hi) for j in jobs_of(reports["gfx942"])] == [
+        ("seqlen", 1025, 4096),
+        ("seqlen", 4097, 65536 // batch),
+    ]

@@ -27,17 +27,22 @@ def entry_function(op: CapturedOp) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
-def _dense_strides(shape: Sequence[int], stride: Sequence[int]) -> list[int] | None:
-    """The strides of a tensor of `shape` laid out densely in the order `stride` gives its
-    dimensions (innermost smallest); None when `stride` is not such a layout."""
-    order = sorted(range(len(shape)), key=lambda i: (stride[i], -i))  # innermost first
-    expected, dense = 1, [0] * len(shape)
+def _dense_order(shape: Sequence[int], stride: Sequence[int]) -> list[int] | None:
+    """The dimensions innermost first when `stride` lays `shape` out densely; else None."""
+    order = sorted(range(len(shape)), key=lambda i: (stride[i], -i))
+    dense = _strides_in(shape, order)
+    if any(size != 1 and stride[i] != dense[i] for i, size in enumerate(shape)):
+        return None  # a size-1 dimension's stride is free
+    return order
+
+
+def _strides_in(shape: Sequence[int], order: Sequence[int]) -> list[int]:
+    """The strides of a dense tensor of `shape` whose dimensions, innermost first, are `order`."""
+    expected, strides = 1, [0] * len(shape)
     for i in order:
-        if shape[i] != 1 and stride[i] != expected:
-            return None
-        dense[i] = expected
+        strides[i] = expected
         expected *= shape[i]
-    return dense
+    return strides
 
 
 def resized(description: Mapping[str, Any], dim: int, size: int, name: str) -> dict[str, Any]:
@@ -45,13 +50,14 @@ def resized(description: Mapping[str, Any], dim: int, size: int, name: str) -> d
     shape, stride = list(description["shape"]), list(description["stride"])
     if dim >= len(shape):
         raise CaptureError(f"argument {name} has {len(shape)} dimensions, the axis is dim {dim}")
-    if _dense_strides(shape, stride) is None:
+    order = _dense_order(shape, stride)
+    if order is None:
         raise CaptureError(
             f"argument {name} (shape {shape}, strides {stride}) is not dense: it cannot be "
             "moved along the axis"
         )
     shape[dim] = size
-    return {**description, "shape": shape, "stride": _dense_strides(shape, stride)}
+    return {**description, "shape": shape, "stride": _strides_in(shape, order)}
 
 
 def materialize(description: Any, name: str) -> Any:
@@ -142,6 +148,8 @@ def capture_jobs(
         # A grid family's axis has no maximum of its own: its table axis's bounds it.
         top = maxima.get(axis) or maxima.get(family.tables[0].axis.name, 0)
         top = top if widen and value is not None else 0
+        if top and op.bound is not None:
+            top = op.bound(arguments, top)
         info = JobInfo(
             module=family.name,
             table=CAPTURE_TABLE,

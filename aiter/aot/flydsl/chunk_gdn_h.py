@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from aiter.aot.flydsl.jobs import Call, CapturedOp, Family
 from aiter.ops.chunk_gdn_h.table import CHUNK_GDN_H, LAYER_COLUMNS
@@ -123,9 +124,27 @@ def grid(spec: TableSpec, row: Row, maxima: Mapping[str, int]) -> dict[str, list
 
 # The batch shape enters the choice through N and the tokens together (and a varlen batch's
 # through cu_seqlens' values): a captured call is replayed as it was made.
+def sequence_length_dims(arguments: Mapping[str, Any]) -> dict[str, int]:
+    """A dense batch's sequence length T is dimension 1 of k, w, u, g and gk (its tokens are
+    B * T, B sequences); a varlen call's lengths are cu_seqlens's values, so it is replayed
+    only as captured."""
+    if arguments.get("cu_seqlens") is not None:
+        return {}
+    return {name: 1 for name in ("k", "w", "u", "g", "gk")}
+
+
+def sequence_length_bound(arguments: Mapping[str, Any], max_tokens: int) -> int:
+    """The longest sequences of the captured batch size within the deployment's tokens."""
+    batch = arguments["k"]["tensor"]["shape"][0]
+    return max(1, max_tokens // max(1, batch))
+
+
 CAPTURED = {
     "chunk_gated_delta_rule_fwd_h": CapturedOp(
-        "aiter.ops.chunk_gdn_h.entry:chunk_gated_delta_rule_fwd_h"
+        "aiter.ops.chunk_gdn_h.entry:chunk_gated_delta_rule_fwd_h",
+        "seqlen",
+        sequence_length_dims,
+        sequence_length_bound,
     )
 }
 FAMILY = Family(

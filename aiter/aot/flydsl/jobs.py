@@ -54,6 +54,9 @@ class CapturedOp:
     dims: Mapping[str, int] | Callable[[Mapping[str, Any]], Mapping[str, int]] = field(
         default_factory=dict
     )
+    # (captured arguments, the deployment's maximum of the table's axis) -> the largest value
+    # of this op's axis within it, when the two axes differ (T of B sequences: tokens // B).
+    bound: Callable[[Mapping[str, Any], int], int] | None = None
 
     def dims_of(self, arguments: Mapping[str, Any]) -> Mapping[str, int]:
         return self.dims(arguments) if callable(self.dims) else self.dims

@@ -104,11 +104,15 @@ def _sample_points(info: JobInfo, segments: list[Segment], count: int, seed: int
 def served_run(probe: Probe, value: int, top: int) -> tuple[int, int]:
     """The run of 1..top around `value` over which the same table rows (or the heuristic) serve
     the call as at `value`, by binary search on each side: a row serves one run of its shape's
-    axis (the table's buckets), and the heuristic the runs no row serves."""
+    axis (the table's buckets), and the heuristic the runs no row serves. A value the runtime
+    declines (NotImplementedError: past a kernel's limits) is outside the run."""
     wanted = probe({"value": value}).served
 
     def same(at: int) -> bool:
-        return probe({"value": at}).served == wanted
+        try:
+            return probe({"value": at}).served == wanted
+        except NotImplementedError:
+            return False
 
     lo, hi = 1, value  # the smallest same value lies in lo..hi
     while lo < hi:
