@@ -177,9 +177,8 @@ def test_suggested_rows_load_and_serve_the_untuned_calls(tmp_path, monkeypatch) 
 
 
 @pytest.mark.slow  # an AOT command line in a subprocess
-def test_widen_moves_a_dense_chunk_gdn_h_call_along_its_sequence_length(
-    tmp_path, monkeypatch
-) -> None:
+def test_widen_moves_chunk_gdn_h_calls_along_their_tokens(tmp_path, monkeypatch) -> None:
+    from aiter.aot.flydsl.dry_run import host_tensor
     from aiter.ops.chunk_gdn_h import entry as gdn_entry
 
     path = tmp_path / "c.jsonl"
@@ -196,6 +195,14 @@ def test_widen_moves_a_dense_chunk_gdn_h_call_along_its_sequence_length(
             call(empty(batch, seqlen, 16, 128), empty(batch, seqlen, 32, 128),
                  empty(batch, seqlen, 32, 128), g=empty(batch, seqlen, 32, dtype=torch.float32),
                  output_final_state=True)  # fmt: skip
+        # The same tokens as one varlen batch of 8 ragged sequences (a host cu_seqlens).
+        for tokens in (16000, 40000):
+            bounds = host_tensor(
+                [(tokens * i * i) // (batch * batch) for i in range(batch + 1)], torch.int32
+            )
+            call(empty(1, tokens, 16, 128), empty(1, tokens, 32, 128), empty(1, tokens, 32, 128),
+                 g=empty(1, tokens, 32, dtype=torch.float32), output_final_state=True,
+                 cu_seqlens=bounds)  # fmt: skip
     monkeypatch.delenv(capture.ENV_CAPTURE)
     proc, reports = replay_reports(
         "aiter.aot.flydsl", {"GPU_ARCHS": "gfx942"}, tmp_path / "r.json",
@@ -205,7 +212,44 @@ def test_widen_moves_a_dense_chunk_gdn_h_call_along_its_sequence_length(
     assert proc.returncode == 0, proc.stdout[-3000:]
     # The row serves 8193..32768 tokens of 8 sequences: T from 1025 to 32768 / 8; the
     # heuristic the rest, up to the deployment's 65536 tokens.
+    # A varlen batch moves along its total tokens, the 8 sequences kept.
     assert [(j.axis, j.lo, j.hi) for j in jobs_of(reports["gfx942"])] == [
         ("seqlen", 1025, 4096),
         ("seqlen", 4097, 65536 // batch),
+        ("tokens", 8193, 32768),
+        ("tokens", 32769, 65536),
     ]
+
+
+@pytest.mark.slow  # an AOT command line in a subprocess
+def test_widen_moves_a_varlen_attention_call_along_its_longest_key_sequence(
+    tmp_path, monkeypatch
+) -> None:
+    from aiter.ops.fmha_fp8 import entry as fmha_entry
+
+    path = tmp_path / "c.jsonl"
+    monkeypatch.setenv(capture.ENV_CAPTURE, str(path))
+    call = capture.entry("flash_attn_fp8")(fmha_entry.flash_attn_fp8)
+    with dry_run("gfx942", 304, bridge.MODE_NAME):
+        fp8 = torch.float8_e4m3fnuz
+
+        def empty(*shape, dtype=fp8):
+            return torch.empty(shape, dtype=dtype, device="cuda")
+
+        scale = empty(1, dtype=torch.float32)
+        cu_seqlens = empty(3, dtype=torch.int32)  # 2 sequences: the Llama row's heads
+        call(empty(500, 8, 128), empty(500, 1, 128), empty(500, 1, 128), q_descale=scale,
+             k_descale=scale, v_descale=scale, cu_seqlens_q=cu_seqlens, cu_seqlens_kv=cu_seqlens,
+             max_seqlen_q=300, max_seqlen_kv=300)  # fmt: skip
+    monkeypatch.delenv(capture.ENV_CAPTURE)
+    proc, reports = replay_reports(
+        "aiter.aot.flydsl", {"GPU_ARCHS": "gfx942"}, tmp_path / "r.json",
+        "--list", "--capture", str(path), "--capture-widen", "--cache-dir", str(tmp_path / "cache"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    [result] = reports["gfx942"].results
+    # No row chooses attention's kernels: the plan serves every key length up to the default
+    # maximum, and the widened replay reaches the split kernels longer sequences take.
+    assert (result.job.axis, result.job.lo, result.job.hi) == ("seqlen_k", 1, result.job.widen_to)
+    splits = [["use_split=True" in k.params for k in s.kernels] for s in result.segments]
+    assert splits[0] == [False] and any(True in s for s in splits[1:]), splits

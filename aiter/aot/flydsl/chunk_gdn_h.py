@@ -22,6 +22,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from aiter.aot.flydsl.capture_axis import Along, along_dims, tensor, with_host_values, with_sizes
 from aiter.aot.flydsl.jobs import Call, CapturedOp, Family
 from aiter.ops.chunk_gdn_h.table import CHUNK_GDN_H, LAYER_COLUMNS
 from aiter.tuning import Row, TableSpec
@@ -124,27 +125,35 @@ def grid(spec: TableSpec, row: Row, maxima: Mapping[str, int]) -> dict[str, list
 
 # The batch shape enters the choice through N and the tokens together (and a varlen batch's
 # through cu_seqlens' values): a captured call is replayed as it was made.
-def sequence_length_dims(arguments: Mapping[str, Any]) -> dict[str, int]:
-    """A dense batch's sequence length T is dimension 1 of k, w, u, g and gk (its tokens are
-    B * T, B sequences); a varlen call's lengths are cu_seqlens's values, so it is replayed
-    only as captured."""
-    if arguments.get("cu_seqlens") is not None:
-        return {}
-    return {name: 1 for name in ("k", "w", "u", "g", "gk")}
+# The arguments that hold the tokens, in dimension 1 ([B, T, ...]).
+_PER_TOKEN = {name: 1 for name in ("k", "w", "u", "g", "gk")}
 
 
-def sequence_length_bound(arguments: Mapping[str, Any], max_tokens: int) -> int:
-    """The longest sequences of the captured batch size within the deployment's tokens."""
-    batch = arguments["k"]["tensor"]["shape"][0]
-    return max(1, max_tokens // max(1, batch))
+def tokens_along(arguments: Mapping[str, Any]) -> Along | None:
+    """A dense batch of B sequences moves along their length T, up to `--max-tokens` / B; a
+    varlen batch (B = 1) along its total tokens, cu_seqlens's bounds scaled with it (the same N
+    sequences, none decreasing). The kernels depend on N and the tokens alone (plan.py)."""
+    k, cu_seqlens = tensor(arguments, "k"), tensor(arguments, "cu_seqlens")
+    if k is None:
+        return None
+    if cu_seqlens is None:
+        batch = max(1, int(k["shape"][0]))
+        return along_dims(arguments, "seqlen", _PER_TOKEN, top=lambda most: max(1, most // batch))
+    bounds = cu_seqlens.get("values")
+    if not bounds or bounds[-1] < 1:
+        return None  # no lengths to move (the entry rejects such a call: its job says why)
+    total = bounds[-1]
+
+    def at(tokens: int) -> dict[str, Any]:
+        moved = with_sizes(arguments, _PER_TOKEN, tokens)
+        return with_host_values(moved, "cu_seqlens", [b * tokens // total for b in bounds])
+
+    return Along("tokens", total, at)
 
 
 CAPTURED = {
     "chunk_gated_delta_rule_fwd_h": CapturedOp(
-        "aiter.ops.chunk_gdn_h.entry:chunk_gated_delta_rule_fwd_h",
-        "seqlen",
-        sequence_length_dims,
-        sequence_length_bound,
+        "aiter.ops.chunk_gdn_h.entry:chunk_gated_delta_rule_fwd_h", tokens_along
     )
 }
 FAMILY = Family(

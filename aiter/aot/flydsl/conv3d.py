@@ -12,6 +12,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from aiter.aot.flydsl.capture_axis import Along, along_dims
 from aiter.aot.flydsl.jobs import Call, CapturedOp, Family
 from aiter.ops.conv3d.table import CONV3D
 from aiter.tuning import Row, TableSpec
@@ -77,12 +78,14 @@ def serving(spec: TableSpec, rows: Sequence[Row], frames: int) -> Row | None:
 PROBE_EVERY_UP_TO = 512
 
 
-def frame_dims(arguments: Mapping[str, Any]) -> dict[str, int]:
-    """The input's frame dimension, as its layout places it."""
-    return {"x": 1 if arguments.get("input_layout") == "NDHWC" else 2}
+def frames_along(arguments: Mapping[str, Any]) -> Along | None:
+    """The frames are the input's D, the dimension its layout places it at."""
+    return along_dims(
+        arguments, "frames", {"x": 1 if arguments.get("input_layout") == "NDHWC" else 2}
+    )
 
 
-CAPTURED = {"conv3d": CapturedOp("aiter.ops.conv3d.entry:conv3d", "frames", frame_dims)}
+CAPTURED = {"conv3d": CapturedOp("aiter.ops.conv3d.entry:conv3d", frames_along)}
 FAMILY = Family(
     captured=CAPTURED,
     name="conv3d",

@@ -7,7 +7,7 @@ GpuRuntimeReached, which always fails the build.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -106,11 +106,15 @@ def _fake_contiguous(original):
     return contiguous
 
 
-def host_tensor(values: list[int], dtype: torch.dtype) -> torch.Tensor:
-    """A real CPU tensor of `values`, also inside a dry run: for an argument whose values the
-    host code reads (a varlen batch's cu_seqlens), where a FakeTensor has none."""
+def host_tensor(
+    values: list[int], dtype: torch.dtype, shape: Sequence[int] | None = None
+) -> torch.Tensor:
+    """A real CPU tensor of `values` (row-major, as `shape` when given), also inside a dry run:
+    for an argument whose values the host code reads (a varlen batch's cu_seqlens), where a
+    FakeTensor has none."""
     with unset_fake_temporarily():
-        return torch.tensor(values, dtype=dtype)
+        t = torch.tensor(values, dtype=dtype)
+        return t.reshape(shape) if shape is not None else t
 
 
 def _patch(stack: ExitStack, owner: Any, name: str, replacement: Any) -> None:

@@ -24,6 +24,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from aiter.aot.flydsl.capture_axis import Along, along_dims, tensor, with_host_values, with_sizes
 from aiter.aot.flydsl.jobs import Call, CapturedOp, Family
 from aiter.ops.fmha_fp8.table import FMHA_FP8
 from aiter.tuning import Row, TableSpec
@@ -140,16 +141,30 @@ def variant_grid(
     return {**grid, "batch": [1]}
 
 
-def key_length_dims(arguments: Mapping[str, Any]) -> dict[str, int]:
-    """The key length is dimension 1 of k and v in the batch layout; a varlen call's lengths
-    are in cu_seqlens_kv, so it is replayed only as captured."""
-    return {} if arguments.get("cu_seqlens_kv") is not None else {"k": 1, "v": 1}
+def key_length_along(arguments: Mapping[str, Any]) -> Along | None:
+    """The key length: dimension 1 of k and v in the batch layout. In the varlen layout it is
+    max_seqlen_kv, which with the batch and max_seqlen_q is all the plan reads of the lengths;
+    moved to L, the batch holds one sequence of L keys and the others of one key each (k's and
+    v's rows, and cu_seqlens_kv's values where it was recorded by value), a ragged batch whose
+    longest key sequence is L."""
+    cu_seqlens = tensor(arguments, "cu_seqlens_kv")
+    if cu_seqlens is None:
+        return along_dims(arguments, "seqlen_k", {"k": 1, "v": 1})
+    longest = arguments.get("max_seqlen_kv")
+    if not isinstance(longest, int) or isinstance(longest, bool):
+        return None  # the entry rejects the call: its job says why
+    batch = max(1, int(cu_seqlens["shape"][0]) - 1)
+
+    def at(length: int) -> dict[str, Any]:
+        moved = with_sizes(arguments, {"k": 0, "v": 0}, length + batch - 1)
+        bounds = [0, *range(length, length + batch)]
+        return with_host_values(moved, "cu_seqlens_kv", bounds) | {"max_seqlen_kv": length}
+
+    return Along("seqlen_k", longest, at)
 
 
 CAPTURED = {
-    "flash_attn_fp8": CapturedOp(
-        "aiter.ops.fmha_fp8.entry:flash_attn_fp8", "seqlen_k", key_length_dims
-    )
+    "flash_attn_fp8": CapturedOp("aiter.ops.fmha_fp8.entry:flash_attn_fp8", key_length_along)
 }
 FAMILY = Family(
     name="fmha_fp8",

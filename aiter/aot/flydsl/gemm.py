@@ -16,6 +16,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 
+from aiter.aot.flydsl.capture_axis import dims_along
 from aiter.aot.flydsl.jobs import Call, CapturedOp, Family
 from aiter.ops.gemm.table import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16
 from aiter.tuning import Row, TableSpec
@@ -95,12 +96,12 @@ def caller(spec: TableSpec, row: Row, variant: Mapping[str, str]) -> Call:
 _ENTRY = "aiter.ops.gemm.entry"
 # The token count M is the activation's rows, and the per-token scales' rows with it.
 CAPTURED = {
-    "gemm_a16w16": CapturedOp(f"{_ENTRY}:gemm_a16w16", "M", {"A": 0}),
+    "gemm_a16w16": CapturedOp(f"{_ENTRY}:gemm_a16w16", dims_along("M", {"A": 0})),
     "gemm_a8w8_bpreshuffle": CapturedOp(
-        f"{_ENTRY}:gemm_a8w8_bpreshuffle", "M", {"XQ": 0, "x_scale": 0}
+        f"{_ENTRY}:gemm_a8w8_bpreshuffle", dims_along("M", {"XQ": 0, "x_scale": 0})
     ),
     "gemm_a8w8_blockscale": CapturedOp(
-        f"{_ENTRY}:gemm_a8w8_blockscale", "M", {"XQ": 0, "x_scale": 0}
+        f"{_ENTRY}:gemm_a8w8_blockscale", dims_along("M", {"XQ": 0, "x_scale": 0})
     ),
 }
 FAMILY = Family(name="gemm", tables=tuple(_CALLERS), caller=caller, captured=CAPTURED)

@@ -9,9 +9,9 @@ from bisect import bisect_left
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from aiter.aot.flydsl.bisection import segments
+from aiter.aot.flydsl.capture_axis import AlongOf
 from aiter.aot.flydsl.protocol import JobInfo
 from aiter.tuning import Row, TableSpec
 from aiter.tuning.kinds import PARSERS
@@ -44,25 +44,13 @@ class Job:
 
 @dataclass(frozen=True)
 class CapturedOp:
-    """How a build replays a captured call of one public entry: the entry, and the arguments'
-    dimensions that carry the family's axis (so `--capture-widen` can move the call along it)."""
+    """How a build replays a captured call of one public entry: the entry, and where the call
+    sits on the family's axis (so `--capture-widen` can move it along; see capture_axis)."""
 
     entry: str  # "module:function" of the public entry
-    axis: str = ""  # e.g. "M"; "": the call is replayed only as captured
-    # Argument name -> its dimension holding the axis, or a function of the captured arguments'
-    # descriptions giving that (a layout argument moves the axis); empty: only as captured.
-    dims: Mapping[str, int] | Callable[[Mapping[str, Any]], Mapping[str, int]] = field(
-        default_factory=dict
-    )
-    # (captured arguments, the deployment's maximum of the table's axis) -> the largest value
-    # of this op's axis within it, when the two axes differ (T of B sequences: tokens // B).
-    bound: Callable[[Mapping[str, Any], int], int] | None = None
-
-    def dims_of(self, arguments: Mapping[str, Any]) -> Mapping[str, int]:
-        return self.dims(arguments) if callable(self.dims) else self.dims
-
-    def call_at(self, value: int) -> object:
-        return self.call(**self.info.values(value))
+    # The captured arguments -> their Along; None, or a call it returns None for: the call is
+    # replayed only as captured.
+    along: AlongOf | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 
+from aiter.aot.flydsl.capture_axis import dims_along
 from aiter.aot.flydsl.jobs import Call, CapturedOp, Family
 from aiter.ops.moe.table import ACT_SWIGLU, FMOE, QUANT_PER_TOKEN, SWIGLU_VARIANTS
 from aiter.tuning import Row, TableSpec
@@ -109,7 +110,7 @@ _ENTRY = "aiter.ops.moe.entry"
 _PER_TOKEN = {"hidden_states": 0, "topk_weights": 0, "topk_ids": 0, "gating_output": 0}
 # Every per-token argument has the tokens in its rows.
 CAPTURED = {
-    op: CapturedOp(f"{_ENTRY}:{op}", "tokens", _PER_TOKEN)
+    op: CapturedOp(f"{_ENTRY}:{op}", dims_along("tokens", _PER_TOKEN))
     for op in ("fused_moe", "moe_sorting", "fused_topk")
 }
 FAMILY = Family(
