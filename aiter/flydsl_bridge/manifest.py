@@ -71,6 +71,8 @@ class BuildRecord:
     modules: list[str]
     archs: list[str]
     inputs: dict[str, Any] = field(default_factory=dict)  # what entered the fingerprint
+    shard: str = ""  # "I/N": this build replayed only that part of the jobs (--shard)
+    targets: list[str] = field(default_factory=list)  # e.g. ["gfx942:304"]
 
     def covers(self, arch: str, module: str) -> bool:
         return arch in self.archs and module in self.modules
@@ -130,8 +132,9 @@ def manifest_path(cache_dir: str | Path) -> Path:
     return Path(cache_dir) / MANIFEST_NAME
 
 
-def build_key(modules: Iterable[str], targets: Iterable[str]) -> str:
-    return f"{','.join(sorted(modules))}|{';'.join(sorted(targets))}"
+def build_key(modules: Iterable[str], targets: Iterable[str], shard: str = "") -> str:
+    key = f"{','.join(sorted(modules))}|{';'.join(sorted(targets))}"
+    return f"{key}|shard {shard}" if shard else key
 
 
 def entry_problem(cache_dir: str | Path, arch: str, rel: str, entry: KernelEntry) -> str | None:
@@ -174,6 +177,19 @@ def read(cache_dir: str | Path) -> Manifest:
     return manifest
 
 
+def read_at(path: str | Path) -> Manifest:
+    """The manifest at `path`, the file itself or the cache directory holding it; ValueError
+    naming `path` when there is none there, or it is not a manifest."""
+    where = Path(path)
+    file = manifest_path(where) if where.is_dir() else where
+    if file.name != MANIFEST_NAME or not file.is_file():
+        raise ValueError(
+            f"{path}: expected an aiter manifest ({MANIFEST_NAME}) or the cache directory "
+            "holding one"
+        )
+    return read(file.parent)
+
+
 def _load(path: Path) -> Manifest:
     def invalid(err: Exception) -> ValueError:
         return ValueError(f"{path}: not a valid aiter manifest ({err}); delete it to rebuild")
@@ -206,10 +222,11 @@ def _locked(cache_dir: str | Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _change(cache_dir: str | Path, change: Callable[[Manifest], Manifest]) -> Path:
-    """Replace the manifest by `change` of it, under the lock. The file is read anew (another
-    builder may have written it); an unreadable one is started anew (its entries are listed again
-    by the next build of each arch and module), never a reason to fail a build."""
+def change_manifest(cache_dir: str | Path, change: Callable[[Manifest], Manifest]) -> Path:
+    """Replace the manifest by `change` of it, under the lock (so `change` may also write the
+    entries it lists: other writers wait). The file is read anew (another builder may have
+    written it); an unreadable one is started anew (its entries are listed again by the next
+    build of each arch and module), never a reason to fail a build."""
     path = manifest_path(cache_dir)
     with _locked(cache_dir):
         try:
@@ -259,7 +276,7 @@ def update_manifest(
         builds = {k: b for k, b in current.builds.items() if not b.covers(arch, module)}
         return Manifest(versions=dict(versions), archs=archs, builds=builds)
 
-    return _change(cache_dir, change)
+    return change_manifest(cache_dir, change)
 
 
 def record_build(
@@ -269,13 +286,50 @@ def record_build(
     targets: Iterable[str],
     fingerprint: str,
     inputs: Mapping[str, Any],
+    shard: str = "",
 ) -> Path:
-    """Say that a build of `modules` for `targets` with this fingerprint completed."""
+    """Say that a build of `modules` for `targets` with this fingerprint completed (`shard`:
+    the part I/N of its jobs it replayed)."""
     modules, archs, targets = list(modules), list(archs), list(targets)
-    record = BuildRecord(fingerprint, sorted(modules), sorted(archs), dict(inputs))
+    record = BuildRecord(
+        fingerprint, sorted(modules), sorted(archs), dict(inputs), shard, sorted(targets)
+    )
 
     def change(current: Manifest) -> Manifest:
-        builds = {**current.builds, build_key(modules, targets): record}
+        builds = {**current.builds, build_key(modules, targets, shard): record}
         return Manifest(versions=current.versions, archs=current.archs, builds=builds)
 
-    return _change(cache_dir, change)
+    return change_manifest(cache_dir, change)
+
+
+def union(
+    current: Manifest, parts: Iterable[Manifest], kept: Mapping[str, KernelEntry]
+) -> Manifest:
+    """`current` with every entry and build record of `parts` added: an entry listed several
+    times becomes `kept[relative path]` with the requesters of all joined. Shard records that
+    together make every part of one build (0/N .. N-1/N, one fingerprint) also record that
+    build unsharded, so a rebuild of it over the merged cache replays nothing."""
+    parts = [current, *parts]
+    archs: dict[str, dict[str, dict[str, KernelEntry]]] = {}
+    for part in parts:
+        for arch, modules in part.archs.items():
+            for module, kernels in modules.items():
+                listed = archs.setdefault(arch, {}).setdefault(module, {})
+                for rel, entry in kernels.items():
+                    old = listed.get(rel)
+                    joined = [*old.requested_by] if old is not None else []
+                    joined += [r for r in entry.requested_by if r not in joined]
+                    listed[rel] = replace(kept.get(rel, entry), requested_by=joined)
+    builds = {k: b for part in parts for k, b in part.builds.items()}
+    shards: dict[tuple, dict[int, BuildRecord]] = {}
+    for record in builds.values():
+        if record.shard:
+            index, count = (int(v) for v in record.shard.split("/"))
+            group = (tuple(record.modules), tuple(record.targets), record.fingerprint, count)
+            shards.setdefault(group, {})[index] = record
+    for (modules, targets, _, count), records in shards.items():
+        if len(records) == count:
+            whole = replace(records[0], shard="")
+            builds[build_key(modules, targets)] = whole
+    versions = next((p.versions for p in reversed(parts) if p.versions), {})
+    return Manifest(versions=dict(versions), archs=archs, builds=builds)

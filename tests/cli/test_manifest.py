@@ -74,7 +74,9 @@ def test_the_typed_schema_round_trips_through_the_file(tmp_path):
         versions={"flydsl": "1"},
         archs={"gfx942": {"gemm": {"k_1/one.pkl": one}}, "gfx950": {"moe": {"k_2/two.pkl": two}}},
         builds={
-            "gemm,moe|gfx942": BuildRecord("fp", ["gemm", "moe"], ["gfx942", "gfx950"], inputs)
+            "gemm,moe|gfx942": BuildRecord(
+                "fp", ["gemm", "moe"], ["gfx942", "gfx950"], inputs, targets=["gfx942"]
+            )
         },
     )
     manifest._read_before.clear()  # read back from the file, not from what this process wrote

@@ -96,6 +96,8 @@ def _start(
         tables=build.tables,
         estimates=estimates,
         progress_fd=write_fd,
+        shard=build.shard,
+        shard_estimates=build.estimates,
     )
     fd, spec_path = tempfile.mkstemp(prefix=f"{target.arch}-", suffix=".json", dir=tmp)
     with os.fdopen(fd, "w") as f:
@@ -284,10 +286,10 @@ def write_manifest(build: Build, report: ArchReport) -> None:
                             variant=job.variant,
                         )
                     )
-        # A build of captures alone adds to what the module's table builds listed.
-        update_manifest(
-            build.cache_dir, report.arch, module, kernels, _versions(), merge=not build.tables
-        )
+        # A build of captures alone adds to what the module's table builds listed, a shard to
+        # what the other shards built into the same cache listed.
+        merge = not build.tables or bool(build.shard)
+        update_manifest(build.cache_dir, report.arch, module, kernels, _versions(), merge=merge)
 
 
 def _write_report_file(
@@ -313,7 +315,12 @@ def _write_report_file(
 def main(module_paths: Sequence[str] | None = None, argv: Sequence[str] | None = None) -> int:
     """The command line of the AOT builder: every registered module (module_paths None) or the
     named ones; build (default), --list or --check."""
-    if "--info" in (sys.argv[1:] if argv is None else argv):
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["merge"]:
+        from aiter.aot.flydsl.merge import main as merge
+
+        return merge(args[1:])
+    if "--info" in args:
         from aiter.aot.flydsl.info import main as info
 
         return info()
@@ -322,8 +329,10 @@ def main(module_paths: Sequence[str] | None = None, argv: Sequence[str] | None =
         fp = inputs = None
         if build.mode == Mode.BUILD and build.targets:
             fp, inputs = memo.fingerprint(build)
-            # A capture is not part of the fingerprint: its builds always replay.
-            if not build.no_memo and not build.captures and memo.memo_holds(build, fp):
+            # A capture is not part of the fingerprint, nor is a shard's split: such builds
+            # always replay (a shard rerun finds what it compiled before in its cache).
+            replays = build.no_memo or build.captures or build.shard
+            if not replays and memo.memo_holds(build, fp):
                 _write_report_file(build, [], [], up_to_date=True)
                 return EXIT_OK
             from aiter.toolchain import LinkerNotFound, find_linker
@@ -373,6 +382,7 @@ def main(module_paths: Sequence[str] | None = None, argv: Sequence[str] | None =
             [str(t) for t in build.targets],
             fp,
             inputs or {},
+            shard=build.shard,
         )
     _write_report_file(build, arch_reports, rows)
     if build.mode == Mode.BUILD:

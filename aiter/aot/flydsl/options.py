@@ -57,6 +57,8 @@ class Build:
     capture_widen: bool = False
     tables: bool = True  # replay the modules' tables (without --capture, or with --tables)
     capture_problems: list[str] = field(default_factory=list)  # bad lines: the exit says so
+    shard: str = ""  # --shard I/N: each arch replays only that part of its jobs
+    estimates: str = ""  # --estimates: the manifest the shard split weighs jobs by
 
     def specs(self) -> list[TableSpec]:
         return [spec for family in self.families.values() for spec in family.tables]
@@ -285,6 +287,18 @@ def _parser(prog: str, axes: dict[str, Any], combined: bool) -> argparse.Argumen
             metavar="N",
             help=f"largest {name} the deployment serves; replayed up to it (default {default})",
         )
+    parser.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="replay only part I of N of each arch's jobs (0 <= I < N), the same split on every "
+        "machine; `python -m aiter.aot.flydsl merge` joins the shards' caches",
+    )
+    parser.add_argument(
+        "--estimates",
+        metavar="MANIFEST",
+        help="with --shard: balance the split by the compile times this earlier build's "
+        "manifest (or cache directory) recorded, keeping jobs that share a kernel together",
+    )
     parser.add_argument("--report", metavar="PATH", help="write the full report as JSON to PATH")
     parser.add_argument("--verbose", action="store_true", help="print a line for every job")
     parser.add_argument(
@@ -329,6 +343,7 @@ def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Bui
             raise UsageError(f"--max-{name.lower()} must be >= 1, got {value}")
     if (args.capture_widen or args.tables) and not args.capture:
         raise UsageError("--capture-widen and --tables go with --capture PATH")
+    shard, estimates = _shard_options(args.shard, args.estimates)
     captured = _read_captures(args.capture)
     modules = candidates
     if combined and args.module:
@@ -365,6 +380,8 @@ def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Bui
         timeout=args.timeout,
         no_memo=args.no_memo,
         report_path=args.report,
+        shard=shard,
+        estimates=estimates,
     )
     if captured is not None:
         build.captures = [str(Path(p).resolve()) for p in args.capture]
@@ -384,6 +401,27 @@ def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Bui
     archs = _captured_archs(captured, families) if captured is not None else None
     build.targets = _targets(specs, build.extra_tables, "/".join(families), archs)
     return build
+
+
+# --- --shard ---
+
+
+def _shard_options(shard: str | None, estimates: str | None) -> tuple[str, str]:
+    """--shard and --estimates checked ("" when not given): the estimates are read here, so a
+    bad manifest is a usage error before any arch process starts."""
+    from aiter.aot.flydsl import shards
+
+    if estimates and not shard:
+        raise UsageError("--estimates MANIFEST goes with --shard I/N")
+    if not shard:
+        return "", ""
+    try:
+        parsed = shards.parse_shard(shard)
+        if estimates:
+            shards.CompileEstimates.read(estimates)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    return str(parsed), str(Path(estimates).resolve()) if estimates else ""
 
 
 # --- --capture ---

@@ -76,6 +76,8 @@ class ArchProcessSpec:
     tables: bool = True  # whether the modules' tables are replayed (besides the captures)
     estimates: dict[str, float] = field(default_factory=dict)  # compile seconds per function
     progress_fd: int | None = None  # write end of the pipe to the driver (None: no driver)
+    shard: str = ""  # "I/N": replay only that part of the arch's jobs (shards.py); "": all
+    shard_estimates: str = ""  # the manifest the split weighs jobs by ("": by job count)
 
 
 @dataclass(frozen=True)
@@ -225,6 +227,8 @@ class ArchReport:
     seconds: float = 0.0
     workers: int = 1
     crashed: str = ""  # why the arch process produced no report
+    shard: str = ""  # "I/N" when the arch's jobs were sharded
+    jobs_total: int = 0  # the arch's jobs before sharding
 
     def kernels(self) -> dict[Path, KernelRef]:
         return {k.path: k for r in self.results for k in r.kernels()}

@@ -306,6 +306,8 @@ def replay_arch(
         limits += [family.limits.get(job.info.axis) for job in family_jobs]
         if any(family.limits.get(j.info.axis) is not None for j in family_jobs):
             report.limits += family.describe_limits()
+    if spec.shard:
+        jobs, limits = _shard(jobs, limits, spec, report)
     pool = ForkPool(spec.workers, budget)
     from aiter import flydsl_bridge as bridge
 
@@ -331,6 +333,21 @@ def replay_arch(
     report.naming_seconds = sum(r.naming_cpu for r in report.results)
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _shard(
+    jobs: list[Job], limits: list[int | None], spec: ArchProcessSpec, report: ArchReport
+) -> tuple[list[Job], list[int | None]]:
+    """The part of the arch's jobs spec.shard replays (shards.py)."""
+    from aiter.aot.flydsl import shards
+
+    shard = shards.parse_shard(spec.shard)
+    estimates = None
+    if spec.shard_estimates:
+        estimates = shards.CompileEstimates.read(spec.shard_estimates)
+    kept = shards.select([job.info for job in jobs], shard, estimates)
+    report.shard, report.jobs_total = str(shard), len(jobs)
+    return [jobs[i] for i in kept], [limits[i] for i in kept]
 
 
 def _captured_calls(paths: Sequence[str]) -> list:
