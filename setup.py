@@ -126,6 +126,7 @@ setup(
             "pytest-xdist==3.8.0",  # the inner loop's two workers (make fast)
             "execnet==2.1.2",
             "hypothesis==6.170.17",
+            "pyyaml==6.0.4",  # the CI matrix recipe's test reads the workflow
             "black==26.10.1",
             "ruff==0.17.6",
         ]

@@ -227,12 +227,16 @@ def _verify(target: Path, counts: MergeCounts, inputs: int) -> int:
     return EXIT_FAIL if bad else EXIT_OK
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+def parser() -> argparse.ArgumentParser:
+    parsing = argparse.ArgumentParser(
         prog="python -m aiter.aot.flydsl merge",
         description="Merge caches built apart (shards, archs, modules) into one.",
     )
-    parser.add_argument("directories", nargs="+", metavar="DIR", help="caches to merge")
-    parser.add_argument("--into", required=True, metavar="DIR", help="the merged cache")
-    args = parser.parse_args(argv)
+    parsing.add_argument("directories", nargs="+", metavar="DIR", help="caches to merge")
+    parsing.add_argument("--into", required=True, metavar="DIR", help="the merged cache")
+    return parsing
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     return merge(args.directories, args.into)
