@@ -44,6 +44,7 @@ _REQUIRED = (
     "JitCacheManager.get",
     "JitCacheManager.compile_lock",
     "JitCacheManager._safe_key",
+    "JitCacheManager.load_all",
     "JitFunction._compile_or_execute",
     "JitFunction._ensure_cache_manager",
     "JitFunction._ensure_sig",

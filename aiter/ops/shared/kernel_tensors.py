@@ -14,6 +14,12 @@ from __future__ import annotations
 import flydsl.compiler as flyc
 import torch
 
+from aiter.flydsl_bridge import startup
+
+# Every kernel module of aiter imports this one before its first FlyDSL call: from then on a
+# kernel's first call reads only the cache entry it needs (flydsl_bridge/startup.py).
+startup.install()
+
 
 def _canonical_strides(t: torch.Tensor) -> tuple[int, ...]:
     """t's strides with every size-1 axis given its row-major stride (never stepped, so free)."""
