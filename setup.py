@@ -83,7 +83,13 @@ class BuildFlydslCache(Command):
 
 
 def _aot_requested(_command) -> bool:
-    return os.environ.get("AITER_AOT") == "1" or bool(os.environ.get("AITER_AOT_CACHE"))
+    requested = os.environ.get("AITER_AOT") == "1" or bool(os.environ.get("AITER_AOT_CACHE"))
+    if os.environ.get("AITER_AOT_ARCH_WHEELS") and not requested:
+        raise SystemExit(
+            "aiter: AITER_AOT_ARCH_WHEELS=DIST needs AITER_AOT=1 or AITER_AOT_CACHE=DIR: the "
+            "cache its wheels carry"
+        )
+    return requested
 
 
 build.sub_commands.append(("build_flydsl_cache", _aot_requested))

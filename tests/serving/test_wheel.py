@@ -1,7 +1,8 @@
 """The shipped cache: a wheel built with AITER_AOT=1 for gfx942 from a small table holds the cache
 and its manifest; installed into a fresh virtualenv, a process serves from it under RUN_ONLY with
 no cache variable set; the user's FLYDSL_RUNTIME_CACHE_DIR wins; `--info` reports a version
-mismatch; a read-only shipped cache (a read-only bind mount where the machine allows one, else
+mismatch; a cache wheel of the arch packed from that cache serves in a virtualenv of its own; a
+read-only shipped cache (a read-only bind mount where the machine allows one, else
 AITER_CACHE_READONLY=1) serves and survives a compile on the serving path.
 """
 
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -49,10 +51,14 @@ def wheel(tmp_path_factory):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     (path,) = (work / "dist").glob("aiter-*.whl")
-    # A fresh virtualenv with the wheel installed; its dependencies (torch, flydsl, pandas) come
-    # from this interpreter's site-packages through a .pth line, which, unlike a site directory,
-    # does not run that directory's .pth files (so the repository's editable install stays out).
-    venv = work / "venv"
+    return path, _venv(work / "venv", path), proc.stdout + proc.stderr
+
+
+def _venv(venv: Path, *wheels: Path) -> tuple[Path, Path]:
+    """A fresh virtualenv with `wheels` installed: (its python, its site-packages). The
+    dependencies (torch, flydsl, pandas) come from this interpreter's site-packages through a
+    .pth line, which, unlike a site directory, does not run that directory's .pth files (so the
+    repository's editable install stays out)."""
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
     python = venv / "bin" / "python"
     site = Path(
@@ -62,9 +68,28 @@ def wheel(tmp_path_factory):
         ).stdout.strip()
     )  # fmt: skip
     (site / "aiter_test_dependencies.pth").write_text(str(Path(torch.__file__).parents[1]) + "\n")
-    install = [str(python), "-m", "pip", "install", "--no-deps", "--no-index", str(path)]
+    install = [str(python), "-m", "pip", "install", "--no-deps", "--no-index", *map(str, wheels)]
     subprocess.run(install, check=True, capture_output=True)
-    return path, (python, site), proc.stdout + proc.stderr
+    return python, site
+
+
+@pytest.fixture(scope="module")
+def arch_wheel_venv(wheel, tmp_path_factory):
+    """aiter's wheel without its cache (as the wheel step with AITER_AOT_ARCH_WHEELS leaves it:
+    tests/serving/test_cache_wheels.py) and the gfx942 cache wheel packed from that cache by the
+    installed aiter, in a fresh virtualenv."""
+    path, (python, site), _ = wheel
+    work = tmp_path_factory.mktemp("arch-wheel")
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "FLYDSL_RUNTIME_CACHE_DIR")
+    }
+    pack = [str(python), "-m", "aiter.aot.flydsl.cache_wheels", str(site / "aiter" / "flydsl_cache"),
+            "-o", str(work / "dist")]  # fmt: skip
+    subprocess.run(pack, check=True, capture_output=True, env=env, cwd=work)
+    (arch_wheel,) = (work / "dist").glob("aiter_flydsl_cache_gfx942-*.whl")
+    venv = _venv(work / "venv", path, arch_wheel)
+    shutil.rmtree(venv[1] / "aiter" / "flydsl_cache")
+    return venv
 
 
 def test_the_wheel_holds_the_cache_and_its_manifest(wheel):
@@ -113,6 +138,17 @@ def test_an_installed_wheel_serves_from_its_cache_alone(wheel, tmp_path):
     assert proc.returncode == 0 and "served" in proc.stdout, proc.stderr[-3000:]
     assert f"aiter from {site}" in proc.stdout
     assert f"cache {site / 'aiter' / 'flydsl_cache'}" in proc.stdout
+
+
+def test_an_installed_cache_wheel_of_the_machines_arch_serves_alone(arch_wheel_venv, tmp_path):
+    site = arch_wheel_venv[1]
+    proc = _run(arch_wheel_venv, [str(tmp_path / "serve.py"), "20"], tmp_path,
+                FLYDSL_RUNTIME_RUN_ONLY="1", FLYDSL_GPU_ARCH="gfx942")  # fmt: skip
+    assert proc.returncode == 0 and "served" in proc.stdout, proc.stderr[-3000:]
+    assert f"cache {site / 'aiter_flydsl_cache_gfx942' / 'flydsl_cache'}" in proc.stdout
+    info = _run(arch_wheel_venv, ["-m", "aiter.aot.flydsl", "--info"], tmp_path,
+                FLYDSL_GPU_ARCH="gfx942")  # fmt: skip
+    assert "(arch wheel)" in info.stdout and "versions match" in info.stdout, info.stdout
 
 
 def test_the_users_cache_directory_wins(wheel, tmp_path):

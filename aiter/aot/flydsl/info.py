@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from importlib import metadata
+from pathlib import Path
 
 from aiter import cache_location
 from aiter.flydsl_bridge import manifest
@@ -34,10 +35,42 @@ def mismatches(built: Mapping[str, str], installed: Mapping[str, str]) -> list[s
     ]
 
 
+def installed_arch_wheels() -> list[tuple[str, str, Path | None]]:
+    """(arch, the aiter version that built it, its cache) of each installed cache-only wheel."""
+    found = []
+    for dist in metadata.distributions():
+        name = (dist.metadata["Name"] or "").lower()
+        if name.startswith(cache_location.ARCH_WHEEL_PREFIX):
+            arch = name.removeprefix(cache_location.ARCH_WHEEL_PREFIX)
+            wheel = cache_location.arch_wheel(arch)
+            found.append((arch, wheel[1] if wheel else dist.version, wheel[0] if wheel else None))
+    return sorted(found)
+
+
+def _arch_wheel_lines() -> list[str]:
+    import aiter
+
+    machine = cache_location.machine_arch()
+    lines = []
+    for arch, version, path in installed_arch_wheels():
+        notes = []
+        if version != aiter.__version__:
+            notes.append(f"VERSION MISMATCH built by aiter {version}, {aiter.__version__} is "
+                         "installed: not served")  # fmt: skip
+        if arch == machine:
+            notes.append("this machine's arch")
+        where = path if path is not None else "no cache in it"
+        lines.append(f"  {cache_location.ARCH_WHEEL_PREFIX}{arch}: {where}"
+                     + (f" ({'; '.join(notes)})" if notes else ""))  # fmt: skip
+    if lines:
+        lines.insert(0, f"cache wheels installed (machine arch: {machine or 'unknown'}):")
+    return lines
+
+
 def describe() -> list[str]:
     path, how = cache_location.current()
-    lines = [f"runtime cache: {path} ({how})"]
-    if how == cache_location.SHIPPED_OVERLAY:
+    lines = [f"runtime cache: {path} ({how})", *_arch_wheel_lines()]
+    if how in cache_location.OVERLAYS.values():
         lines.append(
             "  read-only: the runtime reads it through a writable overlay of links under "
             f"{cache_location._overlay_root()} (where a compile on the serving path lands)"
