@@ -135,6 +135,9 @@ setup(
             "pyyaml==6.0.4",  # the CI matrix recipe's test reads the workflow
             "black==26.10.1",
             "ruff==0.17.6",
-        ]
+            "ray==2.60.0",  # the --executor ray tests start a local two-node cluster
+        ],
+        # --executor ray: a build's shards as tasks on a Ray cluster.
+        "ray": ["ray==2.60.0"],
     },
 )

@@ -347,6 +347,10 @@ def main(module_paths: Sequence[str] | None = None, argv: Sequence[str] | None =
     if not build.targets:
         print(f"nothing to do: no {'/'.join(build.families)} table rows for the requested archs")
         return EXIT_OK
+    if build.executor == "ray":
+        from aiter.aot.flydsl import ray_executor
+
+        return ray_executor.run(build)
 
     print(
         f"replaying {', '.join(build.families)} for {', '.join(map(str, build.targets))} "

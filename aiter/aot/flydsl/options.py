@@ -59,6 +59,9 @@ class Build:
     capture_problems: list[str] = field(default_factory=list)  # bad lines: the exit says so
     shard: str = ""  # --shard I/N: each arch replays only that part of its jobs
     estimates: str = ""  # --estimates: the manifest the shard split weighs jobs by
+    executor: str = "local"  # --executor: "local" (arch processes here) or "ray"
+    ray_address: str = ""  # --ray-address: the cluster ("": a local one)
+    shards: int = 0  # --shards N: shards per arch under --executor ray (0: one per node)
 
     def specs(self) -> list[TableSpec]:
         return [spec for family in self.families.values() for spec in family.tables]
@@ -299,6 +302,20 @@ def _parser(prog: str, axes: dict[str, Any], combined: bool) -> argparse.Argumen
         help="with --shard: balance the split by the compile times this earlier build's "
         "manifest (or cache directory) recorded, keeping jobs that share a kernel together",
     )
+    parser.add_argument(
+        "--executor",
+        choices=("local", "ray"),
+        default="local",
+        help="where a build runs: here (default), or as shard tasks on a Ray cluster, merged "
+        "into --cache-dir (pip install 'aiter[ray]')",
+    )
+    parser.add_argument("--ray-address", metavar="ADDR", help="with --executor ray: the cluster")
+    parser.add_argument(
+        "--shards",
+        type=int,
+        metavar="N",
+        help="with --executor ray: shards per arch (default: one per alive node)",
+    )
     parser.add_argument("--report", metavar="PATH", help="write the full report as JSON to PATH")
     parser.add_argument("--verbose", action="store_true", help="print a line for every job")
     parser.add_argument(
@@ -344,6 +361,7 @@ def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Bui
     if (args.capture_widen or args.tables) and not args.capture:
         raise UsageError("--capture-widen and --tables go with --capture PATH")
     shard, estimates = _shard_options(args.shard, args.estimates)
+    _executor_options(args, mode)
     captured = _read_captures(args.capture)
     modules = candidates
     if combined and args.module:
@@ -382,6 +400,9 @@ def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Bui
         report_path=args.report,
         shard=shard,
         estimates=estimates,
+        executor=args.executor,
+        ray_address=args.ray_address or "",
+        shards=args.shards or 0,
     )
     if captured is not None:
         build.captures = [str(Path(p).resolve()) for p in args.capture]
@@ -422,6 +443,22 @@ def _shard_options(shard: str | None, estimates: str | None) -> tuple[str, str]:
     except ValueError as err:
         raise UsageError(str(err)) from None
     return str(parsed), str(Path(estimates).resolve()) if estimates else ""
+
+
+def _executor_options(args: argparse.Namespace, mode: Mode) -> None:
+    if args.executor != "ray":
+        if args.ray_address or args.shards is not None:
+            raise UsageError("--ray-address and --shards go with --executor ray")
+        return
+    if mode != Mode.BUILD:
+        raise UsageError("--executor ray runs builds; --list and --check run here")
+    if args.shard:
+        raise UsageError("--executor ray shards the build itself (--shards N); drop --shard")
+    if args.shards is not None and args.shards < 1:
+        raise UsageError(f"--shards must be >= 1, got {args.shards}")
+    from aiter.aot.flydsl.ray_executor import require_ray
+
+    require_ray()
 
 
 # --- --capture ---
