@@ -1,8 +1,7 @@
 """aiter: FlyDSL GPU operators for AMD Instinct GPUs, with a CPU-only AOT kernel-cache builder."""
 
-__version__ = "0.1.0"
-
-from aiter import cache_location as _cache_location  # noqa: E402
+from aiter import cache_location as _cache_location
+from aiter.version import __version__  # noqa: F401  (aiter.__version__)
 
 # Serve from the cache a wheel ships, unless the user named one; before FlyDSL is imported.
 _cache_location.configure()

@@ -90,7 +90,7 @@ def arch_wheel(arch: str) -> tuple[Path, str] | None:
 
 def _arch_wheel_cache() -> Path | None:
     """The cache of the installed wheel of the machine's arch, when this aiter built it."""
-    from aiter import __version__
+    from aiter.version import __version__
 
     arch = machine_arch()
     found = arch_wheel(arch) if arch else None

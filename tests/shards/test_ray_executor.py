@@ -92,10 +92,12 @@ def test_executor_usage_errors(args, expected, tmp_path) -> None:
         parse(None, [*args, "--cache-dir", str(tmp_path)])
 
 
-def test_without_ray_the_executor_is_a_usage_error(monkeypatch) -> None:
+def test_without_ray_the_executor_is_a_usage_error(monkeypatch, tmp_path) -> None:
+    from aiter.aot.flydsl.options import parse
+
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
     with pytest.raises(UsageError, match=r"needs Ray, which is not installed: pip install"):
-        ray_executor.require_ray()
+        parse(None, ["--executor", "ray", "--cache-dir", str(tmp_path)])
 
 
 def test_a_shards_command_line_carries_the_builds_choices(tmp_path) -> None:

@@ -456,9 +456,12 @@ def _executor_options(args: argparse.Namespace, mode: Mode) -> None:
         raise UsageError("--executor ray shards the build itself (--shards N); drop --shard")
     if args.shards is not None and args.shards < 1:
         raise UsageError(f"--shards must be >= 1, got {args.shards}")
-    from aiter.aot.flydsl.ray_executor import require_ray
-
-    require_ray()
+    try:
+        import ray  # noqa: F401
+    except ImportError:
+        raise UsageError(
+            "--executor ray needs Ray, which is not installed: pip install 'aiter[ray]'"
+        ) from None
 
 
 # --- --capture ---

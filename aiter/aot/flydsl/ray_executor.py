@@ -27,24 +27,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiter.aot.flydsl.options import Build, UsageError
+from aiter.aot.flydsl.options import Build
 from aiter.aot.flydsl.protocol import EXIT_FAIL, EXIT_OK, ArchReport, from_json
 from aiter.flydsl_bridge.env import KEY_ENV_VARS
 
 RETRIES = 3  # per task, after its process or node died
 PASSED_ENV_PREFIXES = ("AITER_", "FLYDSL_")  # what a task's process inherits from this one
 PASSED_ENV = ("PYTHONPATH", "ROCM_PATH", *KEY_ENV_VARS)
-EXTRA = "ray"  # pip install aiter[ray]
-
-
-def require_ray() -> None:
-    """UsageError unless Ray can be imported."""
-    try:
-        import ray  # noqa: F401
-    except ImportError:
-        raise UsageError(
-            f"--executor ray needs Ray, which is not installed: pip install 'aiter[{EXTRA}]'"
-        ) from None
 
 
 def task_arguments(build: Build, shard: str, cache: str, report: str) -> list[str]:
