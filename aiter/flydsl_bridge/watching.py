@@ -8,7 +8,7 @@ import inspect
 import sys
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any, Protocol
 
 from aiter.flydsl_bridge.env import ENV_RUN_ONLY, TESTED_FLYDSL, flydsl_version
@@ -224,29 +224,28 @@ def watch_compiles(listener: CompileListener | None) -> None:
 
 
 @contextmanager
-def observe_launches() -> Iterator[list[LaunchOutcome]]:
+def _collecting(attribute: str) -> Iterator[list]:
+    """This thread's serving state collects into a new list at `attribute` inside the block."""
+    _install_serving_hooks()
+    state = _serving_state()
+    previous = getattr(state, attribute)
+    setattr(state, attribute, [])
+    try:
+        yield getattr(state, attribute)
+    finally:
+        setattr(state, attribute, previous)
+
+
+def observe_launches() -> AbstractContextManager[list[LaunchOutcome]]:
     """Collect, for every FlyDSL launch of this thread inside the block, its cache entry and
     whether it was a cache hit, compiled, or refused under FLYDSL_RUNTIME_RUN_ONLY=1 (what a
     serving capture records). Launches run as they would without it."""
-    _install_serving_hooks()
-    state = _serving_state()
-    previous, state.observed = state.observed, []
-    try:
-        yield state.observed
-    finally:
-        state.observed = previous
+    return _collecting("observed")
 
 
-@contextmanager
-def name_launches() -> Iterator[list[KernelRequest]]:
+def name_launches() -> AbstractContextManager[list[KernelRequest]]:
     """Name the FlyDSL kernels launched inside the block, compiling and running nothing: every
     jit call returns None once its cache entry is named (FlyDSL's own key, so
     `KernelRequest.exists()` says whether the cache holds it). Host code in the block must not
     use what a launch returns. Nests inside record_launches without adding to its list."""
-    _install_serving_hooks()
-    state = _serving_state()
-    previous, state.naming = state.naming, []
-    try:
-        yield state.naming
-    finally:
-        state.naming = previous
+    return _collecting("naming")
