@@ -3,6 +3,7 @@ string enums included, and a job names itself the way reports print it."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -62,6 +63,12 @@ def test_an_arch_report_round_trips_through_json() -> None:
     assert isinstance(again.results[0].segments[0].kernels[0], KernelRef)
     assert again.results[1].job.fixed == {"batch": 4}
     assert again.compiles[0].task.values == {"M": 1}
+
+
+def test_the_json_data_is_what_asdict_makes() -> None:
+    report = _report()
+    assert to_json(report) == dataclasses.asdict(report)
+    assert to_json([report, report]) == [dataclasses.asdict(report)] * 2
 
 
 def test_a_list_of_records_round_trips() -> None:
