@@ -63,6 +63,7 @@ def test_installed_a_call_still_reads_the_entry_it_needs(tmp_path, monkeypatch) 
     assert loads[0] == 1
 
 
+@pytest.mark.slow  # imports torch and FlyDSL in a fresh process
 def test_importing_a_kernel_module_installs_it() -> None:
     code = (
         "import aiter.ops.gemm.kernels.a16w16\n"

@@ -56,6 +56,7 @@ def test_widen_covers_the_run_that_serves_each_call(tmp_path, monkeypatch) -> No
     assert "--capture: 2 distinct calls of 1 module(s)" in proc.stderr
 
 
+@pytest.mark.slow  # an AOT command line in a subprocess
 def test_check_names_each_call_an_empty_cache_would_not_serve(tmp_path, monkeypatch) -> None:
     path = capture_gemm(tmp_path / "c.jsonl", monkeypatch, [7, 300])
     proc = run_aot(
