@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 from aiter import dispatch
 from aiter import flydsl_bridge as bridge
-from aiter.tuning import CONFIG_DIR_ENV, find_spec
+from aiter.tuning import CONFIG_DIR_ENV, find_spec, row_name
 
 if TYPE_CHECKING:
     from aiter.flydsl_bridge.manifest import KernelEntry
@@ -300,13 +300,6 @@ def cached_entries(request: bridge.KernelRequest) -> tuple[list[CachedEntry], in
     return entries, elsewhere
 
 
-def _row_name(ref: str) -> str:
-    """A row reference "path:line" as "file:line": a cache built from a package's tables is
-    served from another checkout or install of them."""
-    source, _, line = ref.rpartition(":")
-    return f"{Path(source).name}:{line}"
-
-
 def _listed(cache: str, arch: str) -> dict[str, KernelEntry]:
     """The entries the manifest of the cache at `cache` lists for `arch`."""
     from aiter.flydsl_bridge import manifest
@@ -321,10 +314,10 @@ def replayed_ranges(cache: str, arch: str, row: str) -> dict[str, list[tuple[int
     """The ranges of each axis over which the build of the cache at `cache` replayed `row` for
     `arch` (from its manifest; a grid's fixed values as one-value ranges); empty when no build
     of it replayed that row."""
-    wanted, ranges = _row_name(row), {}
+    wanted, ranges = row_name(row), {}
     for entry in _listed(cache, arch).values():
         for requester in entry.requested_by:
-            if _row_name(requester.row) != wanted:
+            if row_name(requester.row) != wanted:
                 continue
             ranges.setdefault(requester.axis, []).append((requester.lo, requester.hi))
             for axis, value in requester.fixed.items():

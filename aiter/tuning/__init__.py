@@ -5,7 +5,7 @@ Declare a table once with `TableSpec`; `spec.load()` merges and validates it, `l
 
 from .errors import TableError
 from .kinds import Column
-from .row import Row
+from .row import Row, row_name
 from .spec import CONFIG_DIR, CONFIG_DIR_ENV, BucketAxis, TableSpec, find_spec
 from .table import TunedTable, load_table
 
@@ -20,4 +20,5 @@ __all__ = [
     "TunedTable",
     "find_spec",
     "load_table",
+    "row_name",
 ]

@@ -7,9 +7,17 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 from .errors import TableError
 from .kinds import EXPECTED, parse_int, parse_optional_float
+
+
+def row_name(ref: str) -> str:
+    """A row reference "path:line" as "file:line", the same from any checkout or install of the
+    tables; any other reference (a grid point's label) as it is."""
+    source, _, line = ref.rpartition(":")
+    return f"{Path(source).name}:{line}" if source and line.isdigit() else ref
 
 
 @dataclass(frozen=True)

@@ -140,8 +140,8 @@ def _place_entries(
     """Copy each input's entries into `target` (the smallest digest where they differ);
     the entry kept per relative path."""
     holders: dict[str, dict[str, tuple[Path, KernelEntry]]] = {}  # rel -> sha -> holder
-    for arch, entries in ((a, current.entries(a)) for a in current.archs):
-        for rel, entry in entries.items():
+    for arch in current.archs:
+        for rel, entry in current.entries(arch).items():
             if manifest.entry_problem(target, arch, rel, entry) is None:
                 holders.setdefault(rel, {})[entry.sha256] = (target, entry)
     for merge_input in inputs:

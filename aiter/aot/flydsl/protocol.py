@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 
+from aiter.tuning.row import row_name
+
 # The JSON round trip of these records, re-exported for the code that imports it from here.
 from aiter.typed_json import from_json as from_json
 from aiter.typed_json import to_json as to_json
@@ -125,8 +127,7 @@ class JobInfo:
         return {**self.fixed, self.axis: value}
 
     def describe(self) -> str:
-        source, _, line = self.row.rpartition(":")
-        where = f"{Path(source).name}:{line}" if source and line.isdigit() else self.row
+        where = row_name(self.row)
         fixed = "".join(f" {k}={v}" for k, v in self.fixed.items())
         variant = f" {self.variant}" if self.variant else ""
         return f"{self.arch}:{self.cu_num} {where}{fixed} {self.axis} {self.lo}-{self.hi}{variant}"

@@ -23,9 +23,9 @@ import hashlib
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 from aiter.aot.flydsl.protocol import JobInfo
+from aiter.tuning.row import row_name
 
 # CPU seconds of naming one job (about 3.5 probes of 3.5 ms each, measured on the default
 # tables): what a unit weighs besides the compiles it causes.
@@ -51,14 +51,8 @@ def parse_shard(text: str) -> Shard:
     raise ValueError(f"--shard {text}: expected I/N with 0 <= I < N, e.g. 0/4")
 
 
-def portable_row(row: str) -> str:
-    """A row reference without its directory: "bf16_tuned_gemm.csv:12"."""
-    source, sep, line = row.rpartition(":")
-    return f"{Path(source).name}:{line}" if sep and line.isdigit() else row
-
-
 def _where(info: JobInfo) -> list[object]:
-    return [info.module, info.table, portable_row(info.row), info.arch, info.cu_num, info.variant]
+    return [info.module, info.table, row_name(info.row), info.arch, info.cu_num, info.variant]
 
 
 def unit_key(info: JobInfo) -> str:
@@ -82,7 +76,7 @@ class CompileEstimates:
             for kernels in modules.values():
                 for rel, entry in kernels.items():
                     for r in entry.requested_by:
-                        key = (arch, r.module, r.table, portable_row(r.row), r.variant, r.axis,
+                        key = (arch, r.module, r.table, row_name(r.row), r.variant, r.axis,
                                tuple(sorted(r.fixed.items())))  # fmt: skip
                         self._asked.setdefault(key, []).append(
                             (r.lo, r.hi, rel, entry.compile_seconds)
@@ -104,7 +98,7 @@ class CompileEstimates:
 
     def kernels(self, info: JobInfo) -> dict[str, float]:
         """Entry (relative path) -> compile seconds, of what the job's range asked for."""
-        key = (info.arch, info.module, info.table, portable_row(info.row), info.variant,
+        key = (info.arch, info.module, info.table, row_name(info.row), info.variant,
                info.axis, tuple(sorted(info.fixed.items())))  # fmt: skip
         return {
             rel: seconds
@@ -120,32 +114,27 @@ def assign(
     units: dict[str, list[int]] = {}
     for index, info in enumerate(infos):
         units.setdefault(unit_key(info), []).append(index)
-    kernels: dict[str, dict[str, float]] = {}
-    weight: dict[str, float] = {}
-    for key, members in units.items():
-        asked: dict[str, float] = {}
-        if estimates is not None:
+    per_job = NAMING_SECONDS if estimates is not None else 1.0
+    naming = {key: len(members) * per_job for key, members in units.items()}
+    kernels: dict[str, dict[str, float]] = {key: {} for key in units}
+    if estimates is not None:
+        for key, members in units.items():
             for index in members:
-                asked.update(estimates.kernels(infos[index]))
-        kernels[key] = asked
-        base = len(members) * (NAMING_SECONDS if estimates is not None else 1.0)
-        weight[key] = base + sum(asked.values())
+                kernels[key].update(estimates.kernels(infos[index]))
     order = sorted(units, key=_digest)
-    order.sort(key=lambda key: -weight[key])  # stable: equal weights stay in digest order
+    # Heaviest first; a stable sort keeps equal weights in digest order.
+    order.sort(key=lambda key: -(naming[key] + sum(kernels[key].values())))
     # Each shard's fair part of the work, every kernel counted once.
-    distinct: dict[str, float] = {}
-    for asked in kernels.values():
-        distinct.update(asked)
-    naming = sum(weight[k] - sum(kernels[k].values()) for k in units)
-    fair = (naming + sum(distinct.values())) / count
+    distinct = {rel: s for asked in kernels.values() for rel, s in asked.items()}
+    fair = (sum(naming.values()) + sum(distinct.values())) / count
     load = [0.0] * count
     held: list[set[str]] = [set() for _ in range(count)]
     shard_of = [0] * len(infos)
     for key in order:
-        base = weight[key] - sum(kernels[key].values())
 
-        def added(shard: int, key: str = key, base: float = base) -> float:
-            return base + sum(s for rel, s in kernels[key].items() if rel not in held[shard])
+        def added(shard: int, key: str = key) -> float:
+            new = sum(s for rel, s in kernels[key].items() if rel not in held[shard])
+            return naming[key] + new
 
         # The shard it adds least work to among those it leaves within their fair part (a
         # kernel shared with what a shard holds costs nothing there), else the least loaded.

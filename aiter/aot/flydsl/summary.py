@@ -155,7 +155,6 @@ def print_summary(
     for report in reports:
         for path in sorted({f for c in report.compiles for f in c.replaced}):
             print(f"replaced: {path} (it was in the cache but not a whole entry for {report.arch})")
-    for report in reports:
         if report.shard:
             kept = len(report.results)
             print(f"shard {report.shard} of {report.arch}: {kept} of {report.jobs_total} jobs")
