@@ -12,6 +12,7 @@ from typing import Any
 
 from aiter.flydsl_bridge.env import ENV_CACHE_DIR
 from aiter.flydsl_bridge.internals import ReplayHookBroken, jit_function, self_test_once
+from aiter.flydsl_bridge.launch_keys import LaunchKeys, Unsupported
 from aiter.flydsl_bridge.requests import KernelRequest, compile_time_params
 
 MODE_NAME = "name"  # record the kernels a call needs, compile nothing
@@ -33,6 +34,31 @@ class _Call:
 
 
 _state = threading.local()
+
+# Naming mode's memo, per JitFunction: its key pieces, and the request each key tuple named.
+_named: dict[Any, tuple[LaunchKeys, Any, dict[tuple, KernelRequest]] | None] = {}
+
+
+def _memo_of(jit_fn: Any) -> tuple[LaunchKeys, Any, dict[tuple, KernelRequest]] | None:
+    """The naming memo of `jit_fn` for its current cache manager; None for a function whose key
+    LaunchKeys does not build."""
+    memo = _named.get(jit_fn, False)
+    if memo is False or (memo is not None and memo[1] is not jit_fn.cache_manager):
+        try:
+            memo = (LaunchKeys(jit_fn), jit_fn.cache_manager, {})
+        except Unsupported:
+            memo = None
+        _named[jit_fn] = memo
+    return memo
+
+
+def _fast_key(memo: Any, args: tuple, kwargs: dict) -> tuple | None:
+    if memo is None:
+        return None
+    try:
+        return memo[0].key(args, kwargs)
+    except (Unsupported, TypeError):  # FlyDSL's own path reports a bad call
+        return None
 
 
 def _calls() -> list[_Call]:
@@ -85,6 +111,11 @@ def record_launches(mode: str) -> Iterator[list[KernelRequest]]:
                 "FlyDSL's disk cache is off (FLYDSL_RUNTIME_ENABLE_CACHE=0 or an empty "
                 f"{ENV_CACHE_DIR}); the AOT builder needs it on"
             )
+        memo = _memo_of(self) if mode == MODE_NAME else None
+        fast_key = _fast_key(memo, args, kwargs)
+        if fast_key is not None and fast_key in memo[2]:
+            requests.append(memo[2][fast_key])
+            return None  # what FlyDSL returns for a launch in compile-only mode
         call = _Call(self, compile_time_params(self, args, kwargs))
         _calls().append(call)
         saved_mem_cache, self._mem_cache = self._mem_cache, {}
@@ -100,7 +131,20 @@ def record_launches(mode: str) -> Iterator[list[KernelRequest]]:
                 f"a launch of {self.func.__name__} went past FlyDSL's cache manager unseen"
             )
         cache_dir, key = call.keys[0]
-        requests.append(KernelRequest(self.func.__name__, cache_dir, key, call.params))
+        request = KernelRequest(self.func.__name__, cache_dir, key, call.params)
+        requests.append(request)
+        if fast_key is not None:
+            if jit_function().JitFunction._cache_key_to_str(fast_key) != key:
+                raise ReplayHookBroken(
+                    f"the naming memo's key of {self.func.__name__} differs from FlyDSL's "
+                    f"({key[:96]}...); update aiter/flydsl_bridge/launch_keys.py"
+                )
+            if result is not None:
+                raise ReplayHookBroken(
+                    f"a named launch of {self.func.__name__} returned {type(result).__name__}; "
+                    "naming mode expects None"
+                )
+            memo[2][fast_key] = request
         return result
 
     with ExitStack() as stack:

@@ -221,6 +221,22 @@ def test_naming_two_blocks_give_two_keys(named) -> None:
     assert len({r["cache_dir"] for r in requests}) == 1
 
 
+def test_naming_remembers_each_key_once(named) -> None:
+    """The third launch repeats the first: naming mode answers it from its memo, which holds
+    FlyDSL's own key for each distinct launch."""
+    phase = named[1]["phases"][0]
+    keys = [r["key"] for r in phase["requests"]]
+    assert phase["remembered"] == sorted(set(keys))
+    assert len(phase["remembered"]) == 2
+
+
+@pytest.mark.slow  # a fresh process
+def test_naming_memo_that_drifts_from_flydsl_is_an_error(tmp_path) -> None:
+    report = run_replay(tmp_path, "name-drift", "64")
+    assert "differs from FlyDSL's" in report["drift_error"]
+    assert "launch_keys.py" in report["drift_error"]
+
+
 def test_naming_compiles_and_writes_nothing(named) -> None:
     tmp, report = named
     assert report["phases"][0]["pkl"] == {}
