@@ -13,6 +13,7 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
+from aiter.aot.flydsl import fake_mode
 from aiter.aot.flydsl.fake_mode import _FACTORY, _META, _SLOW, DryRunFakeMode
 
 
@@ -59,6 +60,25 @@ CASES: dict[str, Callable[[dict[str, torch.Tensor]], object]] = {
     "arange": lambda t: torch.arange(10, dtype=torch.int64),
     "integer_ops": lambda t: (t["ints"] + 3) // 2 % 5,
     "split": lambda t: t["a"].split(2, dim=0),
+    "max_dim": lambda t: t["batched"].max(dim=1),
+    "topk": lambda t: t["batched"].topk(2, dim=-1),
+    "view_infer": lambda t: t["batched"].view(-1, 6),
+    "view_of_transposed": lambda t: t["batched"].transpose(0, 1).view(4, 3, 2, 3),
+    "view_size_one": lambda t: t["scale"].view(1, 6, 1, 1),
+    "unsafe_view": lambda t: torch.ops.aten._unsafe_view(t["a"], [48]),
+    "squeeze": lambda t: t["scale"].squeeze(-1),
+    "flatten_all": lambda t: t["batched"].flatten(),
+    "reshape_copy": lambda t: t["batched"].transpose(1, 2).reshape(3, 24),
+    "unflatten": lambda t: t["ints"].unflatten(0, (7, 1)),
+    "narrow": lambda t: t["a"].narrow(1, 2, 3),
+    "as_strided": lambda t: t["a"].as_strided((3, 3), (8, 1), 2),
+    "split_with_sizes": lambda t: t["a"].split([1, 5], dim=0),
+    "unbind": lambda t: t["batched"].unbind(1),
+    "movedim": lambda t: t["batched"].movedim(0, -1),
+    "diagonal": lambda t: t["a"].diagonal(),
+    "expand_as": lambda t: t["scale"].expand_as(t["a"]),
+    "view_as": lambda t: t["a"].view_as(torch.empty(48)),
+    "contiguous_of_permuted": lambda t: t["batched"].permute(2, 0, 1).contiguous(),
     "chunk": lambda t: t["batched"].chunk(2, dim=-1),
 }
 
@@ -86,6 +106,8 @@ def _describe(value: object, inputs: list[torch.Tensor], seen: list[torch.Tensor
         value.storage_offset(),
         value.dtype,
         value.device,
+        value._is_view(),
+        value.is_contiguous(),
         aliased_input,
         shares,
     )
@@ -102,7 +124,24 @@ def _run(mode: FakeTensorMode, case: Callable[[dict[str, torch.Tensor]], object]
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_dry_run_mode_matches_torch(name):
     expected = _run(FakeTensorMode(allow_non_fake_inputs=False), CASES[name])
-    assert _run(DryRunFakeMode(), CASES[name]) == expected
+    assert _run(DryRunFakeMode(), CASES[name]) == expected  # settled, or made from a recipe
+    assert _run(DryRunFakeMode(), CASES[name]) == expected  # made from a recipe
+
+
+def test_fresh_outputs_are_remembered_and_aliases_are_not():
+    fake_mode._recipes.clear()
+    fake_mode._not_memoized.clear()
+    with DryRunFakeMode():
+        x = torch.empty(5, 3, dtype=torch.float32)
+        first = x.abs()
+        x.add_(1.0)
+        x.t()
+        second = x.abs()
+    abs_keys = [k for k in fake_mode._recipes if k[0] is torch.ops.aten.abs.default]
+    assert len(abs_keys) == 1
+    assert second is not first and second.untyped_storage()._cdata != first.untyped_storage()._cdata
+    assert torch.ops.aten.add_.Tensor in fake_mode._not_memoized  # returns its input
+    assert torch.ops.aten.t.default in fake_mode._not_memoized  # a view
 
 
 def test_results_are_fakes_of_the_mode():
@@ -115,13 +154,13 @@ def test_results_are_fakes_of_the_mode():
 def test_ops_take_the_direct_path():
     """Guards the point of the mode: the ops of a probe are settled without torch's general
     machinery. A torch upgrade that changes a route fails here rather than slowing builds."""
-    mode = DryRunFakeMode()
-    with mode:
+    with DryRunFakeMode():
         x = torch.empty(4, 8, dtype=torch.bfloat16)
         x.abs().view(8, 4)
-    assert mode._routes[torch.ops.aten.empty.memory_format][0] == _FACTORY
-    assert mode._routes[torch.ops.aten.abs.default][0] == _META
-    assert mode._routes[torch.ops.aten.view.default][0] != _SLOW
+    routes = fake_mode._routes
+    assert routes[torch.ops.aten.empty.memory_format][0] == _FACTORY
+    assert routes[torch.ops.aten.abs.default][0] == _META
+    assert routes[torch.ops.aten.view.default][0] != _SLOW
 
 
 def test_real_tensor_inputs_are_refused_as_by_torch():

@@ -8,6 +8,14 @@ has no constants, no symbolic shapes and no real tensors inside, so for an op th
 would settle by its meta kernel, its own constructor impl or its own per-op impl, this mode
 takes that last step directly. Every other op, and every call with an argument outside those
 assumptions, goes through torch's mode unchanged.
+
+The meta kernels of elementwise ops and reductions are Python references (0.1-0.6 ms a call),
+and a build meets the same op on the same shapes again and again (every job probes the same
+powers of two, rows share models). So an aten or prims op whose outputs are fresh tensors is
+settled once per distinct argument metadata per process: what it made is remembered by shape,
+strides, dtype and device, and made again as new fake tensors. This is the rule torch's own fake
+dispatch cache follows (outputs of these ops depend on the inputs' metadata only), restricted to
+outputs that alias nothing, so a made-again tensor is indistinguishable from a computed one.
 """
 
 from __future__ import annotations
@@ -47,19 +55,34 @@ _SLOW_TAGS = {
 }
 
 
+def _implicit(func: OpOverload) -> bool:
+    """Whether `func` has a CompositeImplicitAutograd kernel: eager runs it on every backend."""
+    implicit = torch._C.DispatchKey.CompositeImplicitAutograd
+    return implicit in func.py_kernels or torch._C._dispatch_has_kernel_for_dispatch_key(
+        func.name(), "CompositeImplicitAutograd"
+    )
+
+
 def _decomposition(func: OpOverload, mode: FakeTensorMode) -> Any:
-    """The decomposition torch's mode would run for `func` rather than its meta kernel: an
-    entry of torch's table, `func.decompose`, or None."""
+    """The decomposition to run for `func` rather than its meta kernel, or None: the composite
+    kernel eager runs (its inner ops then come back here), else torch's table entry."""
     if func in meta_table or mode.cpp_meta_supports_symint(func):
         return None
+    if _implicit(func):
+        return func.decompose
     if func in decomposition_table and torch_decomp_decompositions(func):
         return decomposition_table[func]
-    implicit = torch._C.DispatchKey.CompositeImplicitAutograd
-    if implicit in func.py_kernels or torch._C._dispatch_has_kernel_for_dispatch_key(
-        func.name(), "CompositeImplicitAutograd"
-    ):
-        return func.decompose
     return None
+
+
+# Ops whose Meta kernel is always the C++ one eager runs (torch registers no Python meta over a
+# view): with concrete sizes it is exact, where torch's mode runs Python references written for
+# symbolic sizes (`view` through `_reshape_view_helper`, about 0.3 ms a call).
+_UNSAFE_VIEWS = (torch.ops.aten._unsafe_view.default,)
+
+
+def _eager_view(func: OpOverload) -> bool:
+    return (func.is_view or func in _UNSAFE_VIEWS) and has_meta(func) and not _implicit(func)
 
 
 def _first_impl(func: OpOverload) -> Any:
@@ -70,14 +93,17 @@ def _first_impl(func: OpOverload) -> Any:
 
 
 def _route(func: Any, mode: FakeTensorMode) -> tuple[str, Any]:
-    """How torch's mode settles `func` when no argument is a constant or symbolic: the same
-    branches its `_dispatch_impl` takes, decided once per op."""
+    """How to settle `func` when no argument is a constant or symbolic, decided once per op: the
+    branches torch's `_dispatch_impl` takes, except that views run their C++ meta kernel and
+    composite ops the composite kernel, as eager does."""
     if not isinstance(func, OpOverload):
         return _SLOW, None
     if func in _DISPATCH_META_HANDLERS or func in _DISPATCH_HANDLE_DIRECTLY:
         return _SLOW, None
     if func in mode.lift_fns or _SLOW_TAGS.intersection(func.tags):
         return _SLOW, None
+    if _eager_view(func):
+        return _META, None
     decomposition = _decomposition(func, mode)
     if decomposition is not None:
         return _DECOMPOSE, decomposition
@@ -101,6 +127,97 @@ def _route(func: Any, mode: FakeTensorMode) -> tuple[str, Any]:
     return (_META, None) if has_meta(func) else (_SLOW, None)
 
 
+# Ops settled once per argument metadata, process-wide: the output recipes, by op and argument
+# description; and the ops seen to return an alias, an input or a constant, never remembered.
+_MEMO_ROUTES = (_META, _DECOMPOSE, _PRIM, _IMPL)
+_recipes: dict[tuple, Any] = {}
+_not_memoized: set[Any] = set()
+_routes: dict[Any, tuple[str, Any]] = {}
+_MEMO_OPS = ("aten", "prims")
+_VALUE_TYPES = (
+    int,
+    float,
+    bool,
+    str,
+    type(None),
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+)
+
+
+class _NoRecipe(Exception):
+    """An argument or output the memo does not describe."""
+
+
+def _describe(value: Any) -> Any:
+    """A hashable description of an argument: everything about it an op's outputs can depend
+    on without reading data."""
+    if isinstance(value, torch.Tensor):
+        return (
+            tuple(value.shape),
+            value.stride(),
+            value.storage_offset(),
+            value.dtype,
+            value.device,
+            value.layout,
+            value.requires_grad,
+            value.is_conj(),
+            value.is_neg(),
+        )
+    if isinstance(value, (list, tuple)):
+        return (type(value), tuple(_describe(v) for v in value))
+    if isinstance(value, _VALUE_TYPES):
+        return (type(value), value)
+    raise _NoRecipe
+
+
+def _storage_bytes(shape: Sequence[int], stride: Sequence[int], itemsize: int) -> int:
+    if any(size == 0 for size in shape):
+        return 0
+    return (1 + sum((size - 1) * step for size, step in zip(shape, stride, strict=True))) * itemsize
+
+
+def _recipe(out: Any, mode: FakeTensorMode, input_storages: set[int]) -> Any:
+    """How to make `out` again: raise _NoRecipe unless every tensor in it is a fresh fake of
+    `mode` (no constant, no grad, its own storage of exactly its extent, at offset 0)."""
+    if isinstance(out, (list, tuple)):
+        recipes = [_recipe(item, mode, input_storages) for item in out]
+        return (type(out), recipes)
+    if isinstance(out, torch.Tensor):
+        storage = out.untyped_storage()
+        fresh = (
+            isinstance(out, FakeTensor)
+            and out.fake_mode is mode
+            and out.constant is None
+            and not out.requires_grad
+            and out.layout == torch.strided
+            and out.storage_offset() == 0
+            and storage.nbytes() == _storage_bytes(out.shape, out.stride(), out.element_size())
+            and storage._cdata not in input_storages
+        )
+        if not fresh:
+            raise _NoRecipe
+        input_storages.add(storage._cdata)  # two outputs sharing one storage are not fresh
+        return (torch.Tensor, tuple(out.shape), out.stride(), out.dtype, out.device)
+    if isinstance(out, _VALUE_TYPES):
+        return (None, out)
+    raise _NoRecipe
+
+
+def _make(recipe: Any, mode: FakeTensorMode) -> Any:
+    kind = recipe[0]
+    if kind is torch.Tensor:
+        _, shape, stride, dtype, device = recipe
+        with in_kernel_invocation_manager(mode):
+            meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
+        return FakeTensor(mode, meta, device)
+    if kind is None:
+        return recipe[1]
+    return kind(_make(item, mode) for item in recipe[1])
+
+
 def _leaves(args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any] | None:
     """The arguments with lists and tuples opened one level; None for anything deeper."""
     leaves: list[Any] = []
@@ -122,7 +239,6 @@ class DryRunFakeMode(FakeTensorMode):
 
     def __init__(self) -> None:
         super().__init__(allow_non_fake_inputs=False)
-        self._routes: dict[Any, tuple[str, Any]] = {}
 
     def _plain(self, leaves: list[Any]) -> list[FakeTensor] | None:
         """The fake tensors among `leaves`, if every tensor is one of ours without a constant
@@ -150,9 +266,9 @@ class DryRunFakeMode(FakeTensorMode):
         kwargs: Mapping[str, object] | None = None,
     ) -> object:
         kwargs = kwargs or {}
-        route = self._routes.get(func)
+        route = _routes.get(func)
         if route is None:
-            route = self._routes[func] = _route(func, self)
+            route = _routes[func] = _route(func, self)
         kind, impl = route
         if kind is _SLOW or self.shape_env is not None or self.propagate_real_tensors:
             return super().dispatch(func, types, args, kwargs)
@@ -170,6 +286,25 @@ class DryRunFakeMode(FakeTensorMode):
             return FakeTensor(self, out, device if device is not None else torch.device("cpu"))
         if not fakes and should_allow_numbers_as_tensors(func):
             return super().dispatch(func, types, args, kwargs)  # torch's constant path
+        memo_key = None
+        if kind in _MEMO_ROUTES and func not in _not_memoized and func.namespace in _MEMO_OPS:
+            try:
+                memo_key = (func, _describe(args), _describe(tuple(kwargs.items())))
+            except _NoRecipe:
+                memo_key = None
+            recipe = _recipes.get(memo_key) if memo_key is not None else None
+            if recipe is not None:
+                return _make(recipe, self)
+        out = self._settle(kind, impl, func, types, args, kwargs, leaves, fakes)
+        if memo_key is not None:
+            try:
+                _recipes[memo_key] = _recipe(out, self, {f.untyped_storage()._cdata for f in fakes})
+            except _NoRecipe:
+                _not_memoized.add(func)
+        return out
+
+    def _settle(self, kind, impl, func, types, args, kwargs, leaves, fakes) -> object:
+        """The outputs of `func` by the route `kind` (see `_route`)."""
         if kind is _DECOMPOSE or kind is _PRIM:
             with self:
                 out = impl(*args, **kwargs)
@@ -187,6 +322,25 @@ class DryRunFakeMode(FakeTensorMode):
                 out = func(*args, **kwargs)
         except NotImplementedError:
             return super().dispatch(func, types, args, kwargs)  # torch's fallback kernels
-        return self.wrap_meta_outputs_with_default_device_logic(
-            out, func, leaves, device=kwargs.get("device")
-        )
+        return self._wrap(out, func, leaves, kwargs.get("device"))
+
+    def _wrap(self, out: Any, func: OpOverload, leaves: list[Any], device: Any) -> Any:
+        """torch's `wrap_meta_outputs_with_default_device_logic` for a tensor or a flat tuple or
+        list of tensors (what meta kernels return), without its tree walk."""
+        tensors = out if isinstance(out, (list, tuple)) else (out,)
+        if not all(isinstance(t, torch.Tensor) for t in tensors):
+            return self.wrap_meta_outputs_with_default_device_logic(out, func, leaves, device)
+        common, scalar_only = FakeTensor._find_common_device(func, leaves)
+        if scalar_only and not all(self.is_our_fake(t) for t in tensors):
+            return self.wrap_meta_outputs_with_default_device_logic(out, func, leaves, device)
+        converter = self.fake_tensor_converter
+        wrapped = []
+        for t in tensors:
+            if self.is_our_fake(t):
+                torch._check(t.device == common, lambda: f"{func}: output device mismatch")
+                wrapped.append(t)
+            else:
+                wrapped.append(converter.from_meta_and_device(self, t, device or common))
+        if not isinstance(out, (list, tuple)):
+            return wrapped[0]
+        return type(out)(wrapped)
