@@ -72,10 +72,13 @@ def serving(spec: TableSpec, rows: Sequence[Row], frames: int) -> Row | None:
     return served if served in rows else None
 
 
-# Only the frame counts a row serves are replayed, the heuristic's are not. A row serves all its
-# calls with one kernel (conv3d_plan.row_choice), so the kernels change only where the serving
-# row does; the frames a row serves are still probed one by one, being few (a few hundred).
-PROBE_EVERY_UP_TO = 512
+# Only the frame counts a row serves are replayed, the heuristic's are not; bisection alone finds
+# every change of the kernels over them. A row serves all its calls with one kernel choice
+# (plan.row_choice: its tile and split-K, never the call's size); the frames are runtime int32 in
+# every conv3d kernel (launch_conv3d), so no key depends on them; and what else changes along the
+# frames are limits (cannot_serve, pretranspose_supported: sizes growing with the frames) that a
+# call crosses once. So the kernels of a job are a function of the frames that never returns to a
+# value it left, which bisection finds exactly.
 
 
 def frames_along(arguments: Mapping[str, Any]) -> Along | None:
@@ -93,7 +96,6 @@ FAMILY = Family(
     caller=caller,
     serving=serving,
     replay_unserved=False,
-    probe_every_up_to=PROBE_EVERY_UP_TO,
 )
 
 

@@ -89,9 +89,9 @@ class Family:
     # Packages outside aiter holding the family's runtime (entry, plan, kernels), by import name:
     # their sources enter the build's fingerprint, as aiter's own do.
     sources: tuple[str, ...] = ()
-    # Where the runtime's choice need not be monotone along the axis and probes are cheap
-    # (conv3d's split-K over frames), ranges of at most this many values are probed at every
-    # value instead of bisected; 0: bisection alone.
+    # Where the runtime's choice need not be monotone along the axis and probes are cheap,
+    # ranges of at most this many values are probed at every value instead of bisected; 0:
+    # bisection alone (every in-tree module: each states why its choice is monotone).
     probe_every_up_to: int = 0
     # The public entries whose captured calls (`--capture`) this module replays, by op name.
     captured: Mapping[str, CapturedOp] = field(default_factory=dict)
