@@ -63,31 +63,49 @@ def built(setup):
     return proc, cache
 
 
-def _edges(report: ArchReport, axis: str, **fixed: int):
+def _point(result) -> tuple[int, int, int]:
+    values = {**result.job.fixed, result.job.axis: result.job.lo}
+    return values["batch"], values["seqlen_q"], values["seqlen_k"]
+
+
+def _planned(report: ArchReport, layout_line: int = 2):
     return [
         r
         for r in report.results
-        if r.job.axis == axis and all(r.job.fixed.get(k) == v for k, v in fixed.items())
+        if "kv_splits=planned" in r.job.variant
+        and "return_lse=false" in r.job.variant
+        and r.job.row.endswith(f":{layout_line}")
     ]
 
 
-def test_the_grid_holds_the_one_axis_switches(listing):
-    qs = {r.job.lo for r in listing.results if r.job.axis == "seqlen_q"}
-    ks = {r.job.lo for r in listing.results if r.job.axis == "seqlen_k"}
-    assert {127, 128, 256, 257} <= qs  # split gate and query block
-    assert {960, 961} & ks  # the split gate by key blocks
+def test_points_cover_every_region_of_the_one_axis_switches(listing):
+    """Query runs split at the split gate (128) and the query block (257), key runs at the
+    split gate (961 keys = 16 blocks of 64): six regions, each with its cell and two points."""
+    planned = _planned(listing)
+    cells = {
+        (tuple(r.job.cell["seqlen_q"]), tuple(r.job.cell["seqlen_k"]))
+        for r in planned
+        if r.job.cell
+    }
+    assert cells == {
+        (q, k) for q in ((1, 127), (128, 256), (257, 1024)) for k in ((1, 960), (961, 1024))
+    }
+    points = {_point(r) for r in planned}
+    assert {(1, q, k) for q in (1, 128, 257) for k in (960, 1024)} <= points
+    assert len(planned) == 12  # each region's largest and smallest split predicate
+    assert all(r.probes == 1 for r in listing.results)
     assert all(r.tag == "OK" for r in listing.results), [r.message for r in listing.results][:3]
 
 
-def test_kernels_change_along_each_axis(listing):
-    # Along the query axis at batch 1 and 1024 keys: the query block changes at 257.
-    edge = next(r for r in _edges(listing, "seqlen_q", batch=1, seqlen_k=1024) if r.job.lo == 256)
-    params = [{k.params for k in s.kernels} for s in edge.segments]
-    assert len(edge.segments) == 2 and params[0] != params[1]
-    # Along the batch axis at 128 queries, 1024 keys: 2 x 8 x 2 = 32 work-groups still split.
-    split = {r.job.lo: r for r in _edges(listing, "batch", seqlen_q=128, seqlen_k=1024)}
-    functions = {len({k.function for k in s.kernels}) for s in split[1].segments}
-    assert functions == {2}  # forward and combine
+def test_kernels_change_between_regions(listing):
+    at = {_point(r): r for r in _planned(listing)}
+    params = {p: {k.params for k in at[p].segments[0].kernels} for p in at}
+    assert params[(1, 128, 1024)] != params[(1, 257, 1024)]  # the query block
+    functions = {p: {k.function for k in at[p].segments[0].kernels} for p in at}
+    # 1 x 8 heads x 2 query blocks = 16 work-groups split; up to 4 batches they still do.
+    assert len(functions[(1, 128, 1024)]) == 2  # forward and combine
+    assert len(functions[(4, 256, 961)]) == 2
+    assert len(functions[(1, 127, 1)]) == 1  # too few queries to split
 
 
 def test_build_and_the_dense_audit_pass(built, setup):

@@ -1,25 +1,31 @@
 """AOT replay of the fp8 attention shapes: each row becomes calls of `flash_attn_fp8` with
-FakeTensors over a grid of batch sizes, query lengths and key lengths up to the row's maxima, for
-each return_lse choice, with bisection along every grid edge.
+FakeTensors at the points of (batch, query length, key length) that decide its kernels, for
+each return_lse choice; each point is probed once.
 
-Why every point inside the ranges is served, not only grid points: each compile-time choice of
-the launcher is either a function of one axis (fmha_plan.ONE_AXIS: query block and the split
-gate by query length, rescale threshold and the split gate by key length) or a predicate that
-never turns on as batch or query length grow (whether KV splits are used). The grid holds every
-switch point of the one-axis functions (both sides), found by asking those functions, so inside a
-grid cell they are constant; the monotone predicate then takes inside a cell only values it takes
-at the cell's corners; every corner is probed; so every point of a cell needs the kernels of one
-of its corners. `--check --sample N` audits that claim at random points of every cell.
+Why those points decide every call inside a row's ranges. Each compile-time choice of the
+launcher is a function of one axis (fmha_plan.ONE_AXIS: query block and the split gate by query
+length, rescale threshold and the split gate by key length) or the split predicate P (whether KV
+splits are used), which never turns on as batch or query length grow and, beyond the key
+length's split gate, does not depend on the key length (kv_splits: the work-groups and the
+workspace follow batch x query length). Cut each sequence axis into the maximal runs over which
+its one-axis functions are constant (found by asking them); in a region, one query run times
+one key run, every one-axis choice is fixed, so a call's kernels are those of P's value there.
+P is largest at (batch 1, the run's fewest queries, its most keys) and smallest at (the fewest
+batches P is false at with the run's most queries and fewest keys, found by asking kv_splits;
+the row's largest batch if P holds throughout): so every value P takes in the region it takes
+at one of those two points, and they are all the region needs. `--check --sample N` audits the
+claim at random points of every region.
 
 A caller may force the split count (`num_kv_splits`): each row is also replayed with 1 and with 2
-splits (the count is a runtime argument, whether it splits is compiled), over the grid's query
-and key lengths at one batch size, since a forced count leaves batch out of every choice.
+splits (the count is a runtime argument, whether it splits is compiled), one point per region at
+batch 1, since a forced count leaves batch and P out of every choice.
 
 Run `python -m aiter.aot.flydsl.fmha_fp8 [--list | --check]` (or `python -m aiter.aot.flydsl`).
 """
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -29,7 +35,6 @@ from aiter.aot.flydsl.jobs import Call, CapturedOp, Family
 from aiter.ops.fmha_fp8.table import FMHA_FP8
 from aiter.tuning import Row, TableSpec
 
-SEQLEN_GRID_BASE = 4  # grid sequence lengths at powers of 4 (and the switch points)
 PLANNED = "planned"  # the split count the launcher's plan chooses
 KV_SPLITS = (PLANNED, "1", "2")
 
@@ -85,43 +90,64 @@ def caller(spec: TableSpec, row: Row, variant: Mapping[str, str]) -> Call:
     return call
 
 
-def axis_points(axis: str, top: int) -> list[int]:
-    """Grid values of a sequence axis: powers of SEQLEN_GRID_BASE up to `top`, `top`, and both
-    sides of every switch of the launcher's one-axis functions of this axis."""
+@functools.cache
+def runs(axis: str, top: int) -> list[tuple[int, int]]:
+    """The maximal runs of 1..top over which every one-axis function of `axis` is constant."""
     from aiter.ops.fmha_fp8.plan import ONE_AXIS
 
-    points = {1, top}
-    value = 1
-    while value < top:
-        points.add(value)
-        value *= SEQLEN_GRID_BASE
     functions = ONE_AXIS.get(axis, ())
+    found, start = [], 1
     previous = [f(1) for f in functions]
     for length in range(2, top + 1):
         current = [f(length) for f in functions]
         if current != previous:
-            points.update((length - 1, length))
+            found.append((start, length - 1))
+            start = length
         previous = current
-    return sorted(points)
+    return [*found, (start, top)]
 
 
-def batch_points(top: int) -> list[int]:
-    points, value = {1, top}, 1
-    while value < top:
-        points.add(value)
-        value *= 2
-    return sorted(points)
+def fewest_unsplit_batches(row: Row, seqlen_q: int, seqlen_k: int) -> int | None:
+    """The smallest batch (up to the row's) at which the plan does not split, by bisection:
+    splitting never turns on as batch grows. None when it splits up to the row's batch."""
+    from aiter.ops.fmha_fp8.plan import kv_splits
+
+    heads, head_dim_v, cu_num = row.int("num_heads"), row.int("head_dim_v"), row.int("cu_num")
+
+    def splits(batch: int) -> bool:
+        rows = batch * seqlen_q  # what the entry counts, dense and varlen alike
+        return kv_splits(batch, heads, seqlen_q, seqlen_k, rows, head_dim_v, cu_num) > 1
+
+    lo, hi = 1, row.int("max_batch")
+    if splits(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (mid + 1, hi) if splits(mid) else (lo, mid)
+    return lo
 
 
-def grid(spec: TableSpec, row: Row, maxima: Mapping[str, int]) -> dict[str, list[int]]:
-    """A row's grid: batch sizes up to its max_batch, both sequence lengths up to its max_seqlen
-    (cut at the deployment's maximum)."""
+def points(
+    spec: TableSpec, row: Row, variant: Mapping[str, str], maxima: Mapping[str, int]
+) -> list[tuple[dict[str, int], dict[str, list[int]]]]:
+    """The points that decide a row's kernels (see the module's docstring), each region's first
+    point with the region as its cell; with a forced split count one point per region."""
     top = min(row.int("max_seqlen"), maxima.get(spec.axis.name, spec.axis.default_max))
-    return {
-        "batch": batch_points(row.int("max_batch")),
-        "seqlen_q": axis_points("seqlen_q", top),
-        "seqlen_k": axis_points("seqlen_k", top),
-    }
+    most_batches = row.int("max_batch")
+    found: list[tuple[dict[str, int], dict[str, list[int]]]] = []
+    for q_lo, q_hi in runs("seqlen_q", top):
+        for k_lo, k_hi in runs("seqlen_k", top):
+            cell = {"batch": [1, most_batches], "seqlen_q": [q_lo, q_hi], "seqlen_k": [k_lo, k_hi]}
+            if variant["kv_splits"] != PLANNED:
+                found.append(({"batch": 1, "seqlen_q": q_lo, "seqlen_k": k_lo}, cell))
+                continue
+            largest = {"batch": 1, "seqlen_q": q_lo, "seqlen_k": k_hi}
+            batch = fewest_unsplit_batches(row, q_hi, k_lo) or most_batches
+            smallest = {"batch": batch, "seqlen_q": q_hi, "seqlen_k": k_lo}
+            found.append((largest, cell))
+            if smallest != largest:
+                found.append((smallest, {}))
+    return found
 
 
 def variants(spec: TableSpec, row: Row) -> list[dict[str, str]]:
@@ -129,16 +155,6 @@ def variants(spec: TableSpec, row: Row) -> list[dict[str, str]]:
     counts a caller may force (`num_kv_splits`): 1, and 2 for every count above 1 (the count is
     a runtime argument; only whether it splits is compiled)."""
     return [v | {"kv_splits": s} for v in spec.variants() for s in KV_SPLITS]
-
-
-def variant_grid(
-    variant: Mapping[str, str], grid: Mapping[str, Sequence[int]]
-) -> Mapping[str, Sequence[int]]:
-    """With a forced split count the batch size enters no choice (only the plan's split
-    decision, and the batch interleave, a runtime flag): one batch size is replayed."""
-    if variant["kv_splits"] == PLANNED:
-        return grid
-    return {**grid, "batch": [1]}
 
 
 def key_length_along(arguments: Mapping[str, Any]) -> Along | None:
@@ -172,8 +188,7 @@ FAMILY = Family(
     tables=(FMHA_FP8,),
     caller=caller,
     variants=variants,
-    grid=grid,
-    variant_grid=variant_grid,
+    points=points,
 )
 
 

@@ -26,9 +26,11 @@ Variants = Callable[[TableSpec, Row], list[dict[str, str]]]
 Serving = Callable[[TableSpec, Sequence[Row], int], Row | None]
 # A row's grid of several axes (axis -> values), given the deployment's maxima.
 Grid = Callable[[TableSpec, Row, Mapping[str, int]], Mapping[str, Sequence[int]]]
-# The part of a row's grid a caller variant needs.
-VariantGrid = Callable[
-    [Mapping[str, str], Mapping[str, Sequence[int]]], Mapping[str, Sequence[int]]
+# The points of a row and caller variant that decide its kernels, each with the cell of the
+# axes (axis -> [lo, hi]) whose every point needs the kernels of one of them, for the audit.
+Points = Callable[
+    [TableSpec, Row, Mapping[str, str], Mapping[str, int]],
+    list[tuple[Mapping[str, int], Mapping[str, list[int]]]],
 ]
 
 
@@ -79,11 +81,11 @@ class Family:
     # Whether the runs no row of the shape serves (the heuristic does) are replayed, each as a
     # job of the shape's row nearest to its start (tabled None).
     replay_unserved: bool = True
-    # Each row's grid of several axes (attention): jobs along every grid edge instead of runs.
+    # Each row's grid of several axes (chunk_gdn_h): jobs along every grid edge instead of runs.
     grid: Grid | None = None
-    # A caller variant's part of a row's grid, where the variant makes an axis irrelevant to
-    # every choice (attention with a forced split count); None: the whole grid for every variant.
-    variant_grid: VariantGrid | None = None
+    # Where a module's plan proves which points decide a row's kernels (attention): one job per
+    # point, and no other probe.
+    points: Points | None = None
     # Axis -> largest value replayed between tabled values; above it only tabled values are.
     limits: Mapping[str, int] = field(default_factory=dict)
     # Packages outside aiter holding the family's runtime (entry, plan, kernels), by import name:
@@ -114,12 +116,16 @@ class Family:
                 for row in spec.load().rows
                 if row["gfx"] == arch and (cu_nums is None or row.int("cu_num") in cu_nums)
             ]
-            if self.grid is not None:
+            if self.points is not None:
+                for row in rows:
+                    for variant in self.variants_of(spec, row):
+                        points = self.points(spec, row, variant, maxima)
+                        jobs += point_jobs(self, spec, row, variant, points)
+            elif self.grid is not None:
                 for row in rows:
                     grid = self.grid(spec, row, maxima)
                     for variant in self.variants_of(spec, row):
-                        own = self.variant_grid(variant, grid) if self.variant_grid else grid
-                        jobs += grid_jobs(self, spec, row, variant, own)
+                        jobs += grid_jobs(self, spec, row, variant, grid)
             else:
                 jobs += run_jobs(
                     self, spec, rows, maxima.get(spec.axis.name, spec.axis.default_max)
@@ -280,6 +286,30 @@ def grid_jobs(
                 group=group,
             )
             jobs.append(Job(info, call))
+    return jobs
+
+
+def point_jobs(
+    family: Family,
+    spec: TableSpec,
+    row: Row,
+    variant: Mapping[str, str],
+    points: Sequence[tuple[Mapping[str, int], Mapping[str, list[int]]]],
+) -> list[Job]:
+    """One job per point, probed once (its last axis from the value to itself, the others
+    fixed), carrying the cell the point stands for, where the dense audit samples."""
+    call = family.caller(spec, row, variant)
+    group = f"{row_ref(row)} {describe_variant(variant)}".strip()
+    jobs = []
+    for values, cell in points:
+        *others, axis = values
+        if any(v < 1 for v in values.values()):
+            raise ValueError(f"point {dict(values)} of {row_ref(row)}: expected values >= 1")
+        info = job_info(
+            family, spec, row, variant, values[axis], values[axis], axis=axis,
+            fixed={n: values[n] for n in others}, cell=cell, group=group,
+        )  # fmt: skip
+        jobs.append(Job(info, call))
     return jobs
 
 

@@ -113,11 +113,15 @@ def summary_rows(reports: Sequence[ArchReport]) -> list[dict[str, Any]]:
 
 
 def replayed_extent(reports: Sequence[ArchReport]) -> dict[str, int]:
-    """The largest value of each axis some job replayed (grid points included)."""
+    """The largest value of each axis some job replayed or stands for (grid points and the
+    cells a point decides included)."""
     extent: dict[str, int] = {}
     for report in reports:
         for result in report.results:
-            for axis, value in {**result.job.fixed, result.job.axis: result.job.hi}.items():
+            job = result.job
+            reached = {**job.fixed, job.axis: job.hi}
+            reached.update((axis, bounds[1]) for axis, bounds in job.cell.items())
+            for axis, value in reached.items():
                 extent[axis] = max(extent.get(axis, 0), value)
     return extent
 
