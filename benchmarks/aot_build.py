@@ -10,7 +10,8 @@ here is asserted.
 - rebuild: the same command over the complete cache (the fingerprint memo), as a fraction of
   fresh; and a forced replay (`--no-memo`) for comparison;
 - check: `--check` over the complete cache, as a fraction of fresh (and `--check --sample N`);
-- naming: CPU milliseconds per probe (one call of a public entry in naming mode) and per job;
+- naming: CPU milliseconds per probe (one call of a public entry in naming mode) and per job,
+  for each module, and the naming rate in jobs per CPU second (jobs per second per core);
 - memory: the peak RSS of a compile worker.
 """
 
@@ -114,8 +115,25 @@ def main() -> None:
     )
     print(
         f"naming                      {1000 * naming / max(probes, 1):8.2f} CPU ms per probe, "
-        f"{1000 * naming / max(jobs, 1):.1f} per job ({int(probes)} probes, {int(jobs)} jobs)"
+        f"{1000 * naming / max(jobs, 1):.1f} per job ({int(probes)} probes, {int(jobs)} jobs), "
+        f"{jobs / naming if naming else float('nan'):.0f} jobs/s/core"
     )
+    print(
+        f"{'module':<12} {'jobs':>6} {'probes':>7} {'ms/probe':>9} {'ms/job':>7} {'jobs/s/core':>12}"
+    )
+    by_module: dict[str, list[float]] = {}
+    for report in fresh:
+        for r in report.results:
+            counts = by_module.setdefault(r.job.module, [0, 0, 0.0])
+            counts[0] += 1
+            counts[1] += r.probes
+            counts[2] += r.naming_cpu
+    for module, (module_jobs, module_probes, cpu) in sorted(by_module.items()):
+        print(
+            f"{module:<12} {module_jobs:>6} {module_probes:>7} "
+            f"{1000 * cpu / max(module_probes, 1):>9.2f} {1000 * cpu / max(module_jobs, 1):>7.1f} "
+            f"{module_jobs / cpu if cpu else float('nan'):>12.0f}"
+        )
 
 
 if __name__ == "__main__":
