@@ -72,43 +72,56 @@ def _block_vs(segment) -> set[str]:
     return {p for k in segment.kernels for p in k.params.split() if p.startswith("block_v=")}
 
 
-def test_the_grid_holds_the_rules_switches_and_the_tabled_shapes(listing):
-    report = listing["gfx942"]
-    assert report.results and all(r.tag == "OK" for r in report.results)
-    seqs = {r.job.lo for r in report.results if r.job.axis == "seqs"}
-    tokens = {r.job.lo for r in report.results if r.job.axis == "tokens"}
-    assert {2, 3, 4, 5} <= seqs  # both sides of the rule's switches at 3 and 5
-    assert {2048, 2049} <= tokens  # both sides of the tuned row's bucket
+DENSE_ROWS = {"4096": ":2", "2048": ":4"}  # the lines of the dense gfx942 rows
 
 
-def _bv_at(report, row_tokens: str, axis: str, fixed: dict, value: int) -> set[str]:
-    """The block_v the kernels of the segment holding `value` name, along `axis` of the dense
+def _cells(report, row_tokens: str) -> set[tuple[tuple[int, int], tuple[int, int]]]:
+    return {
+        (tuple(r.job.cell["seqs"]), tuple(r.job.cell["tokens"]))
+        for r in report.results
+        if r.job.row.endswith(DENSE_ROWS[row_tokens])
+    }
+
+
+def _bv_at(report, row_tokens: str, seqs: int, tokens: int) -> set[str]:
+    """The block_v the point standing for (seqs, tokens) names, among the jobs of the dense
     row tabled at `row_tokens` tokens."""
     found = set()
     for r in report.results:
-        if r.job.axis != axis or any(r.job.fixed.get(k) != v for k, v in fixed.items()):
-            continue
         if not r.job.row.endswith(DENSE_ROWS[row_tokens]):
             continue
-        for seg in r.segments:
-            if seg.lo <= value <= seg.hi:
+        (n_lo, n_hi), (t_lo, t_hi) = r.job.cell["seqs"], r.job.cell["tokens"]
+        if n_lo <= seqs <= n_hi and t_lo <= tokens <= t_hi:
+            for seg in r.segments:
                 found |= _block_vs(seg)
     return found
 
 
-DENSE_ROWS = {"4096": ":2", "2048": ":4"}  # the lines of the dense gfx942 rows
+def test_the_points_stand_for_the_rules_runs_and_the_tabled_buckets(listing):
+    report = listing["gfx942"]
+    assert report.results and all(r.tag == "OK" for r in report.results)
+    assert all(r.probes == 1 for r in report.results)
+    # The rule switches at 3 and 5 sequences; N = 4 and 8 are tabled, N = 4 up to 2048 tokens.
+    assert _cells(report, "4096") == {
+        ((1, 2), (1, 4096)),
+        ((3, 3), (1, 4096)),
+        ((4, 4), (1, 2048)),
+        ((4, 4), (2049, 4096)),
+        ((5, 7), (1, 4096)),
+        ((8, 8), (1, 4096)),
+    }
+    assert _cells(report, "2048") == {((1, 2), (1, 2048)), ((3, 3), (1, 2048)), ((4, 4), (1, 2048))}
 
 
 def test_kernels_change_where_the_plan_says(listing):
     report = listing["gfx942"]
-    # Along N at 4096 tokens: the rule's 16, 32 and 64.
-    for n, bv in ((2, 16), (3, 32), (4, 32), (5, 64), (8, 64)):
-        assert _bv_at(report, "4096", "seqs", {"tokens": 4096}, n) == {f"block_v={bv}"}, n
-    # At N = 4 the tuned row's 16 serves up to its 2048 tokens, the rule's 32 above: from
-    # 2052, the next dense batch of 4 sequences (the replay calls 4 x (tokens // 4)).
-    assert _bv_at(report, "2048", "tokens", {"seqs": 4}, 2048) == {"block_v=16"}
-    assert _bv_at(report, "4096", "tokens", {"seqs": 4}, 2051) == {"block_v=16"}
-    assert _bv_at(report, "4096", "tokens", {"seqs": 4}, 2052) == {"block_v=32"}
+    # Along N at 4096 tokens: the rule's 16, 32 and 64, and N = 8's tuned 64.
+    for n, bv in ((2, 16), (3, 32), (4, 32), (5, 64), (7, 64), (8, 64)):
+        assert _bv_at(report, "4096", n, 4096) == {f"block_v={bv}"}, n
+    # At N = 4 the tuned row's 16 serves up to its 2048 tokens, the rule's 32 above.
+    assert _bv_at(report, "2048", 4, 2048) == {"block_v=16"}
+    assert _bv_at(report, "4096", 4, 2048) == {"block_v=16"}
+    assert _bv_at(report, "4096", 4, 2049) == {"block_v=32"}
 
 
 def test_the_wmma_arch_names_its_own_kernels(listing):
@@ -134,7 +147,7 @@ def test_a_changed_rule_in_the_runtime_is_followed(listing, setup, tmp_path):
     # keeps its tuned row's 64.
     after = reports["gfx942"]
     for n, bv in ((3, 16), (4, 16), (5, 32), (7, 32), (8, 64)):
-        assert _bv_at(after, "4096", "seqs", {"tokens": 4096}, n) == {f"block_v={bv}"}, n
+        assert _bv_at(after, "4096", n, 4096) == {f"block_v={bv}"}, n
 
 
 def test_build_and_the_dense_audit_pass(built, setup):

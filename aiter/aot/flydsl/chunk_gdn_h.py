@@ -1,17 +1,18 @@
 """AOT replay of the chunk_gdn_h table: each row becomes calls of
-`chunk_gated_delta_rule_fwd_h` with FakeTensors over a grid of batch shapes (sequences N up
-to the row's, total tokens up to the row's T_flat, cut at the deployment's maximum), with
-bisection along every grid edge.
+`chunk_gated_delta_rule_fwd_h` with FakeTensors at the batch shapes (sequences N up to the
+row's, total tokens up to the row's T_flat, cut at the deployment's maximum) that decide its
+kernels; each is probed once.
 
-Why every batch shape inside a row's ranges is served, not only grid points: the kernel's one
-compile-time choice that varies with the batch shape is BV, and it is the tuned row's where a
-row of the layer has the call's N and a T_flat bucket holding its tokens, else the grid-fill
-rule's, a function of N alone (chunk_gdn_h.plan). The grid holds both sides of every switch of
-the rule (asked of the rule: plan.block_v_switch_points), every tabled N with its neighbours,
-and both sides of every tabled T_flat of the layer; so inside a grid cell a point either shares
-a tabled corner's N and bucket, or has an untabled N between two switch-free grid values, and
-needs the kernels of one of the cell's corners. Every corner is probed; `--check --sample N`
-audits the claim at random points of every cell.
+Why those shapes decide every batch shape inside a row's ranges: the kernel's one compile-time
+choice that varies with the batch shape is BV, and it is the tuned row's where a row of the
+layer has the call's N and a T_flat bucket holding its tokens, else the grid-fill rule's, a
+function of N alone (chunk_gdn_h.plan). So the sequence counts split into runs: each tabled N
+alone, and between them the maximal runs over which the rule is constant (its switches asked of
+plan.block_v_switch_points). Over an untabled run BV is the rule's one value: one shape stands
+for the run. At a tabled N the tokens split into the layer's buckets of that N and the run above
+its largest T_flat (the rule's): one shape per bucket whose total a call can reach (a dense
+batch holds N x its length tokens). `--check --sample N` audits the claim at random points of
+every run.
 
 Run `python -m aiter.aot.flydsl.chunk_gdn_h [--list | --check]` (or `python -m aiter.aot.flydsl`).
 """
@@ -26,8 +27,6 @@ from aiter.aot.flydsl.capture_axis import Along, along_dims, tensor, with_host_v
 from aiter.aot.flydsl.jobs import Call, CapturedOp, Family
 from aiter.ops.chunk_gdn_h.table import CHUNK_GDN_H, LAYER_COLUMNS
 from aiter.tuning import Row, TableSpec
-
-GRID_BASE = 4  # grid token counts at powers of 4 (besides the switch points)
 
 
 def _flag(row: Row, name: str) -> bool:
@@ -79,48 +78,53 @@ def caller(spec: TableSpec, row: Row, variant: Mapping[str, str]) -> Call:
     return call
 
 
-def _powers(top: int, base: int) -> set[int]:
-    points, value = {1, top}, 1
-    while value < top:
-        points.add(value)
-        value *= base
-    return points
-
-
 def _layer_rows(spec: TableSpec, row: Row) -> list[Row]:
     return [r for r in spec.load().rows if all(r[c] == row[c] for c in LAYER_COLUMNS)]
 
 
-def seqs_points(spec: TableSpec, row: Row) -> list[int]:
-    """N up to the row's: powers of 2, both sides of every switch of the grid-fill rule, and
-    every tabled N of the layer with its neighbours."""
+def seqs_runs(row: Row, tabled: Sequence[int]) -> list[tuple[int, int]]:
+    """1..N of the row cut into runs: each tabled N alone, and the runs between over which the
+    grid-fill rule is constant."""
     from aiter.ops.chunk_gdn_h.plan import block_v_switch_points
 
     top = row.int("N")
-    points = _powers(top, 2)
-    for switch in block_v_switch_points(row.int("H"), row.int("V"), row.int("cu_num")):
-        points.update((switch - 1, switch))
-    for other in _layer_rows(spec, row):
-        n = other.int("N")
-        points.update((n - 1, n, n + 1))
-    return sorted(p for p in points if 1 <= p <= top)
+    starts = {1, *block_v_switch_points(row.int("H"), row.int("V"), row.int("cu_num"))}
+    for n in tabled:
+        starts.update((n, n + 1))
+    starts = sorted(s for s in starts if 1 <= s <= top)
+    return [(a, b - 1) for a, b in zip(starts, [*starts[1:], top + 1], strict=True)]
 
 
-def tokens_points(spec: TableSpec, row: Row, top: int) -> list[int]:
-    """Total tokens up to `top`: powers of GRID_BASE and both sides of every tabled T_flat of
-    the layer (where a row's bucket starts and ends)."""
-    points = _powers(top, GRID_BASE)
-    for other in _layer_rows(spec, row):
-        t = other.int("T_flat")
-        points.update((t, t + 1))
-    return sorted(p for p in points if 1 <= p <= top)
+def reachable_total(row: Row, seqs: int, lo: int, hi: int) -> int | None:
+    """A total of tokens in lo..hi a call of `seqs` sequences can have (varlen: any; dense: a
+    multiple of `seqs`), the largest; None when none can."""
+    if _flag(row, "is_varlen"):
+        return hi
+    total = seqs * (hi // seqs)
+    return total if total >= max(lo, seqs) else None
 
 
-def grid(spec: TableSpec, row: Row, maxima: Mapping[str, int]) -> dict[str, list[int]]:
-    """A row's grid: sequences up to its N, tokens up to its T_flat (cut at the deployment's
-    maximum)."""
+def points(
+    spec: TableSpec, row: Row, variant: Mapping[str, str], maxima: Mapping[str, int]
+) -> list[tuple[dict[str, int], dict[str, list[int]]]]:
+    """The batch shapes that decide a row's kernels (see the module's docstring), each with the
+    run of shapes it stands for as its cell."""
     top = min(row.int("T_flat"), maxima.get(spec.axis.name, spec.axis.default_max))
-    return {"seqs": seqs_points(spec, row), "tokens": tokens_points(spec, row, top)}
+    buckets: dict[int, list[int]] = {}
+    for other in _layer_rows(spec, row):
+        buckets.setdefault(other.int("N"), []).append(other.int("T_flat"))
+    found = []
+    for a, b in seqs_runs(row, sorted(buckets)):
+        if a != b or a not in buckets:
+            total = reachable_total(row, a, 1, top) or a  # any shape: BV is the rule's
+            found.append(({"seqs": a, "tokens": total}, {"seqs": [a, b], "tokens": [1, top]}))
+            continue
+        ends = sorted({t for t in buckets[a] if t < top} | {top})
+        for lo, hi in zip([1, *(t + 1 for t in ends[:-1])], ends, strict=True):
+            total = reachable_total(row, a, lo, hi)
+            if total is not None:
+                found.append(({"seqs": a, "tokens": total}, {"seqs": [a, a], "tokens": [lo, hi]}))
+    return found
 
 
 # The batch shape enters the choice through N and the tokens together (and a varlen batch's
@@ -157,7 +161,7 @@ CAPTURED = {
     )
 }
 FAMILY = Family(
-    name="chunk_gdn_h", tables=(CHUNK_GDN_H,), caller=caller, grid=grid, captured=CAPTURED
+    name="chunk_gdn_h", tables=(CHUNK_GDN_H,), caller=caller, points=points, captured=CAPTURED
 )
 
 
