@@ -1,4 +1,4 @@
-"""The FakeTensorMode of a dry run: the same tensors as torch's, made at the cost of their meta
+"""The FakeTensorMode of a dry run: the tensors eager would make, at the cost of their meta
 kernels.
 
 A probe makes tensors of shapes FakeTensorMode has not seen (every new M), and there torch's
@@ -6,8 +6,10 @@ mode spends ~0.2-0.8 ms per op in its general machinery (its dispatch cache's mi
 constant propagation, argument normalization) before it runs the op's meta kernel. A dry run
 has no constants, no symbolic shapes and no real tensors inside, so for an op that torch's mode
 would settle by its meta kernel, its own constructor impl or its own per-op impl, this mode
-takes that last step directly. Every other op, and every call with an argument outside those
-assumptions, goes through torch's mode unchanged.
+takes that last step directly; a view runs its C++ meta kernel and a composite op its composite
+kernel, as eager does, where torch's mode runs Python references written for symbolic sizes.
+Every other op, and every call with an argument outside those assumptions, goes through
+torch's mode unchanged.
 
 The meta kernels of elementwise ops and reductions are Python references (0.1-0.6 ms a call),
 and a build meets the same op on the same shapes again and again (every job probes the same
@@ -43,7 +45,7 @@ _SLOW = "slow"  # torch's mode decides
 _FACTORY = "factory"  # torch's `constructors` impl: the op on the meta device, then wrapped
 _IMPL = "impl"  # torch's own per-op fake impl
 _META = "meta"  # the op's meta kernel, outputs wrapped on the inputs' device
-_DECOMPOSE = "decompose"  # torch's decomposition, run inside this mode
+_DECOMPOSE = "decompose"  # the composite kernel, else torch's decomposition, run in this mode
 _PRIM = "prim"  # a prim's own meta impl, run inside this mode
 
 # Ops whose fake behaviour depends on more than shapes: left to torch's mode.
