@@ -151,6 +151,20 @@ def test_results_are_fakes_of_the_mode():
     assert isinstance(out, FakeTensor) and out.fake_mode is mode
 
 
+def test_a_recipe_follows_the_default_dtype():
+    """An integer division's dtype is the default dtype: a recipe made under one is not used
+    under another."""
+    with DryRunFakeMode():
+        ints = torch.empty(3, dtype=torch.int32)
+        assert (ints / 2).dtype == torch.float32
+        previous = torch.get_default_dtype()
+        torch.set_default_dtype(torch.float64)
+        try:
+            assert (ints / 2).dtype == torch.float64
+        finally:
+            torch.set_default_dtype(previous)
+
+
 def test_ops_take_the_direct_path():
     """Guards the point of the mode: the ops of a probe are settled without torch's general
     machinery. A torch upgrade that changes a route fails here rather than slowing builds."""

@@ -175,6 +175,15 @@ def _describe(value: Any) -> Any:
     raise _NoRecipe
 
 
+def _global_state() -> tuple[Any, ...]:
+    """What besides the arguments an op's output metadata may read (as torch's cache keys it)."""
+    return (
+        torch.get_default_dtype(),
+        torch.is_grad_enabled(),
+        torch.is_inference_mode_enabled(),
+    )
+
+
 def _storage_bytes(shape: Sequence[int], stride: Sequence[int], itemsize: int) -> int:
     if any(size == 0 for size in shape):
         return 0
@@ -291,7 +300,12 @@ class DryRunFakeMode(FakeTensorMode):
         memo_key = None
         if kind in _MEMO_ROUTES and func not in _not_memoized and func.namespace in _MEMO_OPS:
             try:
-                memo_key = (func, _describe(args), _describe(tuple(kwargs.items())))
+                memo_key = (
+                    func,
+                    _describe(args),
+                    _describe(tuple(kwargs.items())),
+                    *_global_state(),
+                )
             except _NoRecipe:
                 memo_key = None
             recipe = _recipes.get(memo_key) if memo_key is not None else None
