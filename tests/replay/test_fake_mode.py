@@ -7,6 +7,7 @@ results alias an input, and which results share storage with each other.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import pytest
@@ -181,3 +182,47 @@ def test_real_tensor_inputs_are_refused_as_by_torch():
     real = torch.ones(3)
     with DryRunFakeMode(), pytest.raises(Exception, match="convert all Tensors to FakeTensors"):
         torch.ops.aten.abs.default(real)
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda", "cuda:0"])
+def test_fakes_are_made_as_torch_makes_them(device):
+    """`new_fake` skips torch's constructor after the first fake on a device: what it makes must
+    be what the constructor would have made, attributes and dispatch keys alike."""
+    mode = DryRunFakeMode()
+    made = [mode.new_fake(torch.empty(3, 5, device="meta"), device) for _ in range(3)]
+    reference = FakeTensor(mode, torch.empty(3, 5, device="meta"), device)
+    for fake in made:
+        assert type(fake) is FakeTensor
+        assert vars(fake) == vars(reference)
+        assert torch._C._dispatch_keys(fake) == torch._C._dispatch_keys(reference)
+        assert fake.device == reference.device and fake.requires_grad == reference.requires_grad
+    made[1].nonzero_memo = 7  # each fake owns its attributes
+    assert made[2].nonzero_memo is None
+
+
+@pytest.mark.parametrize("allow", [True, False])
+def test_made_fakes_guard_data_pointers_as_torch_does(allow):
+    mode = DryRunFakeMode()
+    mode._allow_unsafe_data_ptr_access = allow
+    mode.new_fake(torch.empty(2, device="meta"), "cpu")
+    later = mode.new_fake(torch.empty(2, device="meta"), "cpu")
+    reference = FakeTensor(mode, torch.empty(2, device="meta"), "cpu")
+    for fake in (later, reference):
+        if allow:  # a deprecation warning, at most once per process
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                fake.untyped_storage().data_ptr()
+        else:
+            with pytest.raises(RuntimeError, match="data pointer"):
+                fake.untyped_storage().data_ptr()
+
+
+def test_every_dry_run_of_a_process_enters_its_one_mode():
+    from aiter import flydsl_bridge as bridge
+    from aiter.aot.flydsl.dry_run import dry_run
+
+    made = []
+    for _ in range(2):
+        with dry_run("gfx942", 304, bridge.MODE_NAME):
+            made.append(torch.empty(4, device="cuda"))
+    assert made[0].fake_mode is made[1].fake_mode is fake_mode.process_mode()

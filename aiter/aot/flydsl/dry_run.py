@@ -17,7 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from aiter import device
 from aiter import flydsl_bridge as bridge
-from aiter.aot.flydsl.fake_mode import DryRunFakeMode
+from aiter.aot.flydsl.fake_mode import process_mode
 
 _process_arch: str | None = None  # FlyDSL freezes its target per process at first use
 
@@ -165,6 +165,6 @@ def dry_run(arch: str, cu_num: int, mode: str) -> Iterator[list[bridge.KernelReq
         _patch(stack, torch.Tensor, "__getitem__", _fake_getitem(torch.Tensor.__getitem__))
         _patch(stack, torch.Tensor, "copy_", _fake_copy(torch.Tensor.copy_))
         _patch(stack, torch.Tensor, "contiguous", _fake_contiguous(torch.Tensor.contiguous))
-        stack.enter_context(DryRunFakeMode())
+        stack.enter_context(process_mode())
         requests = stack.enter_context(bridge.record_launches(mode))
         yield requests

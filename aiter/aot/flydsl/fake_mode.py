@@ -33,9 +33,9 @@ from torch._subclasses.fake_tensor import (
     _DISPATCH_HANDLE_DIRECTLY,
     _DISPATCH_META_HANDLERS,
     FakeTensor,
+    FakeTensorConfig,
     FakeTensorMode,
     has_meta,
-    in_kernel_invocation_manager,
     should_allow_numbers_as_tensors,
     stride_incorrect_op,
     torch_decomp_decompositions,
@@ -217,13 +217,13 @@ def _recipe(out: Any, mode: FakeTensorMode, input_storages: set[int]) -> Any:
     raise _NoRecipe
 
 
-def _make(recipe: Any, mode: FakeTensorMode) -> Any:
+def _make(recipe: Any, mode: DryRunFakeMode) -> Any:
     kind = recipe[0]
     if kind is torch.Tensor:
         _, shape, stride, dtype, device = recipe
-        with in_kernel_invocation_manager(mode):
+        with torch._C._DisableTorchDispatch():
             meta = torch.empty_strided(shape, stride, dtype=dtype, device="meta")
-        return FakeTensor(mode, meta, device)
+        return mode.new_fake(meta, device)
     if kind is None:
         return recipe[1]
     return kind(_make(item, mode) for item in recipe[1])
@@ -245,11 +245,85 @@ def _leaves(args: Sequence[Any], kwargs: Mapping[str, Any]) -> list[Any] | None:
     return leaves
 
 
+class _InKernel:
+    """torch's `in_kernel_invocation_manager` (meta kernels run on the fakes' meta tensors), the
+    same steps in the same order, as a class: a generator context per op costs more than the op."""
+
+    __slots__ = ("mode", "previous", "no_dispatch", "keys")
+
+    def __init__(self, mode: FakeTensorMode) -> None:
+        self.mode = mode
+
+    def __enter__(self) -> None:
+        self.previous = self.mode.in_kernel_invocation
+        meta_in_tls = torch._C._meta_in_tls_dispatch_include()
+        if meta_in_tls != self.previous:
+            raise AssertionError(f"{meta_in_tls}, {self.previous}")
+        self.no_dispatch = torch._C._DisableTorchDispatch()
+        self.no_dispatch.__enter__()
+        self.mode.in_kernel_invocation = True
+        self.keys = torch._C._PreserveDispatchKeyGuard()
+        self.keys.__enter__()
+        torch._C._set_meta_in_tls_dispatch_include(True)
+
+    def __exit__(self, *exc: object) -> None:
+        self.mode.in_kernel_invocation = self.previous
+        self.keys.__exit__(*exc)
+        self.no_dispatch.__exit__(*exc)
+
+
 class DryRunFakeMode(FakeTensorMode):
     """FakeTensorMode (no non-fake inputs, no shape env) with the direct path above."""
 
     def __init__(self) -> None:
         super().__init__(allow_non_fake_inputs=False)
+        # Per device argument: the normalized device and the attributes torch's constructor
+        # gave a fake made on it, which every later fake on that device gets too.
+        self._fake_states: dict[Any, tuple[torch.device, dict[str, Any]]] = {}
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False  # no dry run is under torch.compile: no per-op dynamo-disabling wrapper
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        return self.dispatch(func, types, args, kwargs)
+
+    def new_fake(self, meta: torch.Tensor, device: Any) -> FakeTensor:
+        """`FakeTensor(self, meta, device)`: torch's constructor makes the first fake on each
+        device, later ones are made the way it makes them (the subclass over `meta` with the
+        device's backend keys, the mutable-data-pointer guard) and given the same attributes,
+        without its argument checks and device normalization on every tensor."""
+        if FakeTensorConfig.debug:  # torch records each fake's construction traceback
+            return FakeTensor(self, meta, device)
+        known = self._fake_states.get(device)
+        if known is None:
+            model = FakeTensor(self, meta, device)
+            self._fake_states[device] = (model.fake_device, dict(vars(model)))
+            return model
+        normalized, state = known
+        fake = torch.Tensor._make_subclass(
+            FakeTensor,
+            meta,
+            meta.requires_grad,
+            dispatch_device=True,
+            device_for_backend_keys=normalized,
+        )
+        if self._allow_unsafe_data_ptr_access:
+            torch._C._set_warn_deprecated_on_mutable_data_ptr(fake)
+        else:
+            torch._C._set_throw_on_mutable_data_ptr(fake)
+        fake.__dict__.update(state)
+        return fake
+
+    def _from_meta(self, meta: torch.Tensor, device: Any) -> FakeTensor:
+        """The converter's `from_meta_and_device`, its fakes made by `new_fake`."""
+        converter = self.fake_tensor_converter
+        known = converter._get_memo(meta)
+        if known is not None:
+            return known
+        fake = self.new_fake(meta, device)
+        converter.set_tensor_memo(meta, fake)
+        return fake
 
     def _plain(self, leaves: list[Any]) -> list[FakeTensor] | None:
         """The fake tensors among `leaves`, if every tensor is one of ours without a constant
@@ -292,9 +366,9 @@ class DryRunFakeMode(FakeTensorMode):
                 return super().dispatch(func, types, args, kwargs)
             device = kwargs.get("device")
             meta_kwargs = {**kwargs, "device": torch.device("meta")}
-            with in_kernel_invocation_manager(self):
+            with _InKernel(self):
                 out = func(*args, **meta_kwargs)
-            return FakeTensor(self, out, device if device is not None else torch.device("cpu"))
+            return self.new_fake(out, device if device is not None else torch.device("cpu"))
         if not fakes and should_allow_numbers_as_tensors(func):
             return super().dispatch(func, types, args, kwargs)  # torch's constant path
         memo_key = None
@@ -334,7 +408,7 @@ class DryRunFakeMode(FakeTensorMode):
             if not has_meta(func):
                 return super().dispatch(func, types, args, kwargs)
         try:
-            with in_kernel_invocation_manager(self):
+            with _InKernel(self):
                 out = func(*args, **kwargs)
         except NotImplementedError:
             return super().dispatch(func, types, args, kwargs)  # torch's fallback kernels
@@ -349,14 +423,24 @@ class DryRunFakeMode(FakeTensorMode):
         common, scalar_only = FakeTensor._find_common_device(func, leaves)
         if scalar_only and not all(self.is_our_fake(t) for t in tensors):
             return self.wrap_meta_outputs_with_default_device_logic(out, func, leaves, device)
-        converter = self.fake_tensor_converter
         wrapped = []
         for t in tensors:
             if self.is_our_fake(t):
                 torch._check(t.device == common, lambda: f"{func}: output device mismatch")
                 wrapped.append(t)
             else:
-                wrapped.append(converter.from_meta_and_device(self, t, device or common))
+                wrapped.append(self._from_meta(t, device or common))
         if not isinstance(out, (list, tuple)):
             return wrapped[0]
         return type(out)(wrapped)
+
+
+_process_mode: list[DryRunFakeMode] = []
+
+
+def process_mode() -> DryRunFakeMode:
+    """The process's one DryRunFakeMode, which every dry run enters: building a mode costs more
+    than a probe, and its memo of fakes and their attributes carries over from job to job."""
+    if not _process_mode:
+        _process_mode.append(DryRunFakeMode())
+    return _process_mode[0]
