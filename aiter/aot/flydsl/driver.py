@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import selectors
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from aiter import flydsl_bridge as bridge
-from aiter.aot.flydsl import memo
+from aiter.aot.flydsl import arch_process, memo
 from aiter.aot.flydsl.options import Build, UsageError, parse
 from aiter.aot.flydsl.protocol import (
     EXIT_FAIL,
@@ -60,7 +59,7 @@ def _estimates(cache_dir: str) -> dict[str, float]:
 @dataclass
 class _ArchRun:
     target: ArchTarget
-    proc: subprocess.Popen
+    proc: Any  # a subprocess.Popen or an arch_process.ForkedProcess
     pipe: Any  # the read end of its progress pipe
     held: int = 0
     # Pieces of the line not yet ended: the ArchReport is one long line that arrives in many
@@ -76,9 +75,11 @@ def _start(
     budget: Any,
     estimates: dict[str, float],
     tmp: Path,
+    started: Sequence[_ArchRun],
 ) -> _ArchRun:
-    """Start the arch process of `target`: its ArchProcessSpec goes to a file in `tmp` whose
-    path is its only argument; it sends counts and its ArchReport back on a pipe."""
+    """Start the arch process of `target` (after those `started`): its ArchProcessSpec goes to
+    a file in `tmp` whose path is its only argument; it sends counts and its ArchReport back on
+    a pipe."""
     read_fd, write_fd = os.pipe()
     spec = ArchProcessSpec(
         modules=list(build.modules.values()),
@@ -102,12 +103,12 @@ def _start(
     fd, spec_path = tempfile.mkstemp(prefix=f"{target.arch}-", suffix=".json", dir=tmp)
     with os.fdopen(fd, "w") as f:
         json.dump(to_json(spec), f)
-    cmd = [sys.executable, "-m", "aiter.aot.flydsl.replay", spec_path]
     env = {**os.environ, **build.arch_env, **bridge.target_env(target.arch), **budget.child_env()}
     env[bridge.ENV_CACHE_DIR] = build.cache_dir
     # No GPU may be visible: everything must come from the dry run.
     env.update(HIP_VISIBLE_DEVICES="", ROCR_VISIBLE_DEVICES="", CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.Popen(cmd, env=env, pass_fds=(*budget.fds, write_fd))
+    drivers_own = [read_fd, *(run.pipe.fileno() for run in started)]
+    proc = arch_process.start(spec_path, env, (*budget.fds, write_fd), drivers_own)
     os.close(write_fd)
     os.set_blocking(read_fd, False)
     return _ArchRun(target, proc, os.fdopen(read_fd, "r"))
@@ -151,7 +152,11 @@ def _run_archs(build: Build) -> list[ArchReport]:
     arch_reports: dict[str, ArchReport] = {}
     estimates = _estimates(build.cache_dir)
     with tempfile.TemporaryDirectory(prefix="aiter-aot-") as tmp:
-        runs = [_start(build, t, workers, budget, estimates, Path(tmp)) for t in build.targets]
+        if arch_process.can_fork():
+            arch_process.warm_up(build.modules.values())
+        runs: list[_ArchRun] = []
+        for target in build.targets:
+            runs.append(_start(build, target, workers, budget, estimates, Path(tmp), runs))
         selector = selectors.DefaultSelector()
         for run in runs:
             selector.register(run.pipe, selectors.EVENT_READ, run)

@@ -1,9 +1,9 @@
 """The per-arch replay process: names every job's kernels by bisection inside a dry run, and
 compiles each missing kernel set in forked workers while naming goes on.
 
-Run by the driver as `python -m aiter.aot.flydsl.replay SPEC.json`, one per arch, all modules in
-one process, told what to do by the ArchProcessSpec the driver wrote; the workers of every arch
-process share the driver's budget. Counts and the final ArchReport go back on a pipe.
+One per arch, all modules in one process, forked from the warm driver (`arch_process`) or run as
+`python -m aiter.aot.flydsl.replay SPEC.json`, told what to do by the ArchProcessSpec the driver
+wrote; the workers of every arch process share the driver's budget. Counts and the final ArchReport go back on a pipe.
 """
 
 from __future__ import annotations
