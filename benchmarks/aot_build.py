@@ -9,7 +9,8 @@ here is asserted.
   compile times of the kernel sets it built divided by the workers (pure compiling);
 - rebuild: the same command over the complete cache (the fingerprint memo), as a fraction of
   fresh; and a forced replay (`--no-memo`) for comparison;
-- check: `--check` over the complete cache, as a fraction of fresh (and `--check --sample N`);
+- check: `--check` over the complete cache, as a fraction of fresh (and `--check --sample N`),
+  and the same `--check` with each arch process a fresh interpreter (`AITER_AOT_WARM_FORK=0`);
 - naming: CPU milliseconds per probe (one call of a public entry in naming mode) and per job,
   for each module, and the naming rate in jobs per CPU second (jobs per second per core);
 - memory: the peak RSS of a compile worker.
@@ -73,6 +74,8 @@ def main() -> None:
         rebuild_wall, _ = run(common, env)
         replay_wall, replayed = run([*common, "--no-memo"], env)
         check_wall, _ = run(["--check", *common], env)
+        fresh_interpreters = {**env, "AITER_AOT_WARM_FORK": "0"}
+        unforked_wall, _ = run(["--check", *common], fresh_interpreters)
         sample_wall, sampled = run(["--check", "--sample", str(args.sample), *common], env)
 
     print(f"{args.workers} workers, modules: {args.module or 'all'}")
@@ -108,6 +111,10 @@ def main() -> None:
         f" ({recompiled} kernels compiled)"
     )
     print(f"--check                     {check_wall:8.1f} s  = {check_wall / fresh_wall:.1%}")
+    print(
+        f"--check, fresh interpreters {unforked_wall:8.1f} s  = {unforked_wall / fresh_wall:.1%}"
+        f" (arch processes not forked from the warm driver: AITER_AOT_WARM_FORK=0)"
+    )
     sampled_probes = sum(r.probes for a in sampled for r in a.results)
     print(
         f"--check --sample {args.sample:<4}       {sample_wall:8.1f} s  = "
