@@ -212,10 +212,12 @@ def moe_sorting(
 
 
 def _quantize_per_token(x: torch.Tensor, fp8: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row fp8 quantization (torch ops): x ~= q * scale, scale fp32 [rows, 1]."""
+    """Per-row fp8 quantization (torch ops): x ~= q * scale, scale fp32 [rows, 1]. The row maxima
+    are exact in x's dtype, and `x / scale` divides in fp32 by type promotion: no fp32 copy of x
+    is made."""
     amax = x.abs().amax(dim=-1, keepdim=True).to(torch.float32).clamp(min=1e-10)
     scale = amax / torch.finfo(fp8).max
-    return (x.to(torch.float32) / scale).to(fp8), scale
+    return (x / scale).to(fp8), scale
 
 
 def _shape(
