@@ -226,3 +226,72 @@ def test_every_dry_run_of_a_process_enters_its_one_mode():
         with dry_run("gfx942", 304, bridge.MODE_NAME):
             made.append(torch.empty(4, device="cuda"))
     assert made[0].fake_mode is made[1].fake_mode is fake_mode.process_mode()
+
+
+def _sized_inputs(m: int, k: int) -> dict[str, torch.Tensor]:
+    return {
+        "x": torch.empty(m, k, dtype=torch.bfloat16),
+        "col": torch.empty(m, 1, dtype=torch.float32),
+        "row": torch.empty(k, dtype=torch.bfloat16),
+        "ints": torch.empty(m, dtype=torch.int32),
+    }
+
+
+SIZED_CASES: dict[str, Callable[[dict[str, torch.Tensor]], object]] = {
+    "abs": lambda t: t["x"].abs(),
+    "amax_keepdim": lambda t: t["x"].abs().amax(dim=-1, keepdim=True),
+    "per_token_quant": lambda t: (
+        t["x"] / (t["x"].abs().amax(-1, keepdim=True).float().clamp(min=1e-10) / 448.0)
+    ).to(torch.float8_e4m3fn),
+    "broadcast_column": lambda t: t["x"].float() * t["col"],
+    "broadcast_row": lambda t: t["x"] + t["row"],
+    "sum_dim0": lambda t: t["x"].sum(0),
+    "mean_all": lambda t: t["x"].float().mean(),
+    "where": lambda t: torch.where(t["x"] > 0, t["x"], t["row"]),
+    "int_to_float": lambda t: t["ints"].sigmoid(),
+    "column_plus_row": lambda t: t["col"] + t["row"].float(),
+}
+SIZE_PAIRS = [
+    ((5, 8), (9, 8)),
+    ((5, 8), (1, 8)),
+    ((6, 6), (7, 7)),
+    ((6, 7), (7, 6)),
+    ((3, 4), (0, 4)),
+]
+
+
+def _run_sized(mode: FakeTensorMode, case, size: tuple[int, int]) -> object:
+    with mode:
+        inputs = _sized_inputs(*size)
+        tensors = list(inputs.values())
+        return _describe(case(inputs), tensors, list(tensors))
+
+
+@pytest.mark.parametrize("sizes", SIZE_PAIRS, ids=str)
+@pytest.mark.parametrize("name", sorted(SIZED_CASES))
+def test_size_free_recipes_match_torch_at_other_sizes(name, sizes):
+    """A recipe kept with its sizes as symbols, made at other sizes, gives what torch's mode
+    gives there."""
+    fake_mode._size_free_recipes.clear()
+    first, second = sizes
+    mode = DryRunFakeMode()
+    assert _run_sized(mode, SIZED_CASES[name], first) == _run_sized(
+        FakeTensorMode(allow_non_fake_inputs=False), SIZED_CASES[name], first
+    )
+    expected = _run_sized(FakeTensorMode(allow_non_fake_inputs=False), SIZED_CASES[name], second)
+    assert _run_sized(mode, SIZED_CASES[name], second) == expected
+
+
+def test_a_size_free_recipe_serves_new_sizes_and_not_other_patterns():
+    fake_mode._size_free_recipes.clear()
+    with DryRunFakeMode():
+        torch.empty(5, 8, dtype=torch.bfloat16) + torch.empty(8, dtype=torch.bfloat16)
+        made = torch.empty(9, 16, dtype=torch.bfloat16) + torch.empty(16, dtype=torch.bfloat16)
+        assert made.shape == (9, 16) and made.stride() == (16, 1)
+        add = [k for k in fake_mode._size_free_recipes if k[0] is torch.ops.aten.add.Tensor]
+        assert len(add) == 1  # one pattern served both calls
+        with pytest.raises(RuntimeError, match="broadcast"):
+            torch.empty(5, 8, dtype=torch.bfloat16) + torch.empty(7, dtype=torch.bfloat16)
+        torch.empty(8, 5, dtype=torch.bfloat16).t().abs()  # strides not contiguous: none kept
+    abs_ops = [k for k in fake_mode._size_free_recipes if k[0] is torch.ops.aten.abs.default]
+    assert abs_ops == []

@@ -18,10 +18,13 @@ settled once per distinct argument metadata per process: what it made is remembe
 strides, dtype and device, and made again as new fake tensors. This is the rule torch's own fake
 dispatch cache follows (outputs of these ops depend on the inputs' metadata only), restricted to
 outputs that alias nothing, so a made-again tensor is indistinguishable from a computed one.
+Pointwise ops and reductions over contiguous tensors also keep a recipe with their sizes as
+symbols (`size_free`), which serves the same op at the next probe's sizes.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -40,6 +43,8 @@ from torch._subclasses.fake_tensor import (
     stride_incorrect_op,
     torch_decomp_decompositions,
 )
+
+from aiter.aot.flydsl import size_free
 
 _SLOW = "slow"  # torch's mode decides
 _FACTORY = "factory"  # torch's `constructors` impl: the op on the meta device, then wrapped
@@ -173,6 +178,28 @@ def _describe(value: Any) -> Any:
     if isinstance(value, _VALUE_TYPES):
         return (type(value), value)
     raise _NoRecipe
+
+
+# Recipes with sizes as symbols (see `size_free`), by op and argument pattern.
+_size_free_recipes: dict[tuple, Any] = {}
+
+
+def _size_free_key(func: OpOverload, args: Sequence[Any], kwargs: Mapping[str, Any]) -> Any:
+    """(the size-free key of this call, its Sizes), or None for an op or argument outside
+    `size_free`'s forms."""
+    if not size_free.applies_to(func):
+        return None
+    sizes = size_free.Sizes()
+    try:
+        key = (
+            func,
+            size_free.pattern(args, sizes, _VALUE_TYPES),
+            size_free.pattern(tuple(kwargs.items()), sizes, _VALUE_TYPES),
+            *_global_state(),
+        )
+    except size_free.NotSizeFree:
+        return None
+    return key, sizes
 
 
 def _global_state() -> tuple[Any, ...]:
@@ -385,12 +412,22 @@ class DryRunFakeMode(FakeTensorMode):
             recipe = _recipes.get(memo_key) if memo_key is not None else None
             if recipe is not None:
                 return _make(recipe, self)
+        sized = _size_free_key(func, args, kwargs) if memo_key is not None else None
+        if sized is not None:
+            general = _size_free_recipes.get(sized[0])
+            if general is not None:
+                return _make(size_free.instantiate(general, sized[1]), self)
         out = self._settle(kind, impl, func, types, args, kwargs, leaves, fakes)
         if memo_key is not None:
             try:
-                _recipes[memo_key] = _recipe(out, self, {f.untyped_storage()._cdata for f in fakes})
+                recipe = _recipe(out, self, {f.untyped_storage()._cdata for f in fakes})
             except _NoRecipe:
                 _not_memoized.add(func)
+                return out
+            _recipes[memo_key] = recipe
+            if sized is not None:
+                with contextlib.suppress(size_free.NotSizeFree):  # an output of another form
+                    _size_free_recipes[sized[0]] = size_free.generalize(recipe, sized[1])
         return out
 
     def _settle(self, kind, impl, func, types, args, kwargs, leaves, fakes) -> object:
