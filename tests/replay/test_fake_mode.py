@@ -250,6 +250,8 @@ SIZED_CASES: dict[str, Callable[[dict[str, torch.Tensor]], object]] = {
     "where": lambda t: torch.where(t["x"] > 0, t["x"], t["row"]),
     "int_to_float": lambda t: t["ints"].sigmoid(),
     "column_plus_row": lambda t: t["col"] + t["row"].float(),
+    "to_dtype": lambda t: t["x"].to(torch.float32),
+    "to_fp8_column": lambda t: t["col"].to(torch.float8_e4m3fnuz),
 }
 SIZE_PAIRS = [
     ((5, 8), (9, 8)),

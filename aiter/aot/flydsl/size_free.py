@@ -17,6 +17,9 @@ from typing import Any
 import torch
 
 SIZE_FREE_TAGS = frozenset({torch.Tag.pointwise, torch.Tag.reduction})
+# Untagged ops of the same kind: a dtype or device conversion keeps its input's shape and, over
+# contiguous strides (memory_format preserve), its strides.
+SIZE_FREE_OPS = frozenset({torch.ops.aten._to_copy.default})
 
 
 class NotSizeFree(Exception):
@@ -24,7 +27,7 @@ class NotSizeFree(Exception):
 
 
 def applies_to(func: Any) -> bool:
-    return bool(SIZE_FREE_TAGS.intersection(func.tags))
+    return func in SIZE_FREE_OPS or bool(SIZE_FREE_TAGS.intersection(func.tags))
 
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
