@@ -13,7 +13,6 @@ interpreters instead.
 
 from __future__ import annotations
 
-import gc
 import importlib
 import os
 import signal
@@ -94,20 +93,9 @@ def start(
     if not can_fork():
         cmd = [sys.executable, "-m", "aiter.aot.flydsl.replay", spec_path]
         return subprocess.Popen(cmd, env=env, pass_fds=tuple(pass_fds))
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # What exists now is never collected in the child, so fewer shared pages are copied.
-    gc.freeze()
-    # Ctrl-C waits until the fork is over and the pid is recorded (as ForkPool does).
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-    try:
-        pid = os.fork()
-        if pid == 0:
-            _child(spec_path, env, close_fds)
-        gc.unfreeze()
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    return ForkedProcess(pid)
+    from aiter.aot.flydsl.workers import fork
+
+    return ForkedProcess(fork(lambda: _child(spec_path, env, close_fds)))
 
 
 def _child(spec_path: str, env: dict[str, str], close_fds: Sequence[int]) -> None:

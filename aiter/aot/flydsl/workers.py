@@ -89,6 +89,28 @@ def _failure(err: BaseException) -> str:
     return traceback.format_exception_only(type(err), err)[-1].strip()
 
 
+def fork(child: Callable[[], None], record: Callable[[int], None] = lambda pid: None) -> int:
+    """Fork a process that runs `child`, which must end in os._exit; in the parent,
+    `record(pid)` runs before a Ctrl-C can land. Returns the pid."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Objects that exist now are never collected in the child: its garbage collector then
+    # leaves them alone, so fewer of the parent's pages are copied into it.
+    gc.freeze()
+    # Ctrl-C waits until the fork is over: in the child, Python's at-fork hooks would print its
+    # KeyboardInterrupt as a traceback; in the parent, the pid must be recorded first.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        pid = os.fork()
+        if pid == 0:
+            child()
+        gc.unfreeze()
+        record(pid)
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    return pid
+
+
 class ForkPool:
     """Forked workers started one task at a time, at most `workers` at once and, with a budget
     shared by several processes, only while a token of that budget is held."""
@@ -120,24 +142,13 @@ class ForkPool:
         after `timeout` seconds is killed and its task fails."""
         self._serial += 1
         out_path = Path(self._tmp.name) / f"{self._serial}.pickle"
-        sys.stdout.flush()
-        sys.stderr.flush()
-        # Objects that exist now are never collected in a child: its garbage collector then
-        # leaves them alone, so fewer of the parent's pages are copied into every worker.
-        gc.freeze()
-        # Ctrl-C waits until the fork is over: in the child, Python's at-fork hooks would print
-        # its KeyboardInterrupt as a traceback; in the parent, the pid must be recorded first.
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
-            pid = os.fork()
-            if pid == 0:
-                _child(task, run, out_path)
-            gc.unfreeze()
+
+        def record(pid: int) -> None:
             self._running[pid] = (key, out_path)
             if timeout is not None:
                 self._deadlines[pid] = (time.monotonic() + timeout, timeout)
-        finally:
-            signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+        fork(lambda: _child(task, run, out_path), record)
 
     def wait(self, timeout: float | None = None) -> tuple[Any, TaskOutcome] | None:
         """Reap one finished worker: (its task key, outcome); None if none ended in `timeout`."""
