@@ -19,8 +19,11 @@ venv: $(STAMP)
 aot: $(STAMP)
 	$(PY) -m aiter.aot.flydsl
 
+# Every test, over the machine's two cores; a file's tests stay on one worker, so the caches its
+# fixtures build are built once.
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 # The inner loop: everything but the slow tests, over the machine's two cores.
 fast: $(STAMP)
