@@ -67,9 +67,22 @@ class LaunchOutcome:
         self.cache = self.HIT  # no compile ran: loaded from the disk or in-memory cache
 
 
+_marked_aot_build = False  # set by the arch process forked from the builder's driver
+
+
+def mark_aot_build() -> None:
+    """Make `in_aot_build` true in this process and the workers it forks (an arch process the
+    driver forked runs under the driver's __main__)."""
+    global _marked_aot_build
+    _marked_aot_build = True
+
+
 def in_aot_build() -> bool:
     """Whether this process is the AOT builder's per-arch process (`python -m
-    aiter.aot.flydsl.replay`) or one of the workers it forks: there compiling is the point."""
+    aiter.aot.flydsl.replay`, or forked by the driver and marked) or one of the workers it
+    forks: there compiling is the point."""
+    if _marked_aot_build:
+        return True
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     return getattr(spec, "name", None) == AOT_BUILD_MAIN
 

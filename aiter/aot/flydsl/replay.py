@@ -379,6 +379,9 @@ def apply_extra_tables(spec: ArchProcessSpec, families: Sequence[Family]) -> Non
 
 def arch_process_main(spec_path: str) -> int:
     """The arch process: replay what the spec at `spec_path` says, send the report back."""
+    from aiter import flydsl_bridge as bridge
+
+    bridge.mark_aot_build()  # forked from the driver, this process runs under its __main__
     try:
         spec = read_spec(spec_path)
     except ValueError as err:
@@ -387,7 +390,6 @@ def arch_process_main(spec_path: str) -> int:
     from aiter.toolchain import configure_linker
 
     configure_linker()
-    from aiter import flydsl_bridge as bridge
     from aiter.aot.flydsl.budget import WorkerBudget
 
     # FlyDSL reads its target from the environment; a process that would compile for another
