@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from aiter.aot.flydsl.protocol import EXIT_INTERRUPTED
+from aiter.aot.flydsl.workers import exit_child, fork
 
 WARM_FORK_ENV = "AITER_AOT_WARM_FORK"
 EXIT_CRASHED = 1  # the arch process raised: the traceback is on stderr
@@ -93,8 +94,6 @@ def start(
     if not can_fork():
         cmd = [sys.executable, "-m", "aiter.aot.flydsl.replay", spec_path]
         return subprocess.Popen(cmd, env=env, pass_fds=tuple(pass_fds))
-    from aiter.aot.flydsl.workers import fork
-
     return ForkedProcess(fork(lambda: _child(spec_path, env, close_fds)))
 
 
@@ -118,8 +117,4 @@ def _child(spec_path: str, env: dict[str, str], close_fds: Sequence[int]) -> Non
     except BaseException:
         traceback.print_exc()
     finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        exit_child(code)

@@ -65,11 +65,7 @@ def _child(task: Any, run: Callable[[Any], Any], out_path: Path) -> None:
     except BaseException:
         pass  # no result file: the parent reports CANNOT_REPORT
     finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code)
+        exit_child(code)
 
 
 class _Unpicklable(Exception):
@@ -87,6 +83,15 @@ def _failure(err: BaseException) -> str:
     if isinstance(err, _Unpicklable):
         return str(err)
     return traceback.format_exception_only(type(err), err)[-1].strip()
+
+
+def exit_child(code: int) -> None:
+    """End a forked child with `code`: its output flushed, no exit handler of the parent run."""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
 
 
 def fork(child: Callable[[], None], record: Callable[[int], None] = lambda pid: None) -> int:
