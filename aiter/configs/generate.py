@@ -1,5 +1,9 @@
 """Rewrites every family's default tuned table in aiter/configs: `python -m aiter.configs.generate`
-(each family's rows come from its own `generate` module)."""
+(each family's rows come from its own `generate` module).
+
+`--scale F --out-dir DIR` writes tables F times the default size instead: every default model
+shape also at F - 1 synthetic wider or larger sizes, to measure the builder on tables bigger than
+the defaults (`benchmarks/aot_build.py --table DIR`)."""
 
 from __future__ import annotations
 
@@ -19,10 +23,15 @@ FAMILIES = (gemm, moe, conv3d, fmha_fp8, chunk_gdn_h)
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out-dir", default=str(HERE))
+    parser.add_argument("--scale", type=int, default=1, help="tables this many times the default")
     args = parser.parse_args()
+    if args.scale < 1:
+        parser.error(f"--scale must be a whole number of at least 1, not {args.scale}")
+    if args.scale > 1 and Path(args.out_dir).resolve() == HERE:
+        parser.error("--scale writes synthetic tables: give an --out-dir other than aiter/configs")
     Path(args.out_dir).mkdir(parents=True, exist_ok=True)
     for family in FAMILIES:
-        family.write(Path(args.out_dir))
+        family.write(Path(args.out_dir), args.scale)
 
 
 if __name__ == "__main__":

@@ -4,12 +4,13 @@ gates, states kept across calls) at TP1 and TP4, dense and varlen, bf16, for eve
 
 No GPU has measured these rows: `us` is empty and BV is the grid-fill rule's (plan.py), so a
 row names what the rule would choose; tuning on a GPU would fill in `us` and may change BV.
-`python -m aiter.configs.generate` rewrites the file.
+`python -m aiter.configs.generate` rewrites the file; `--scale F` writes a table F times its size
+instead (see `scaled_layers`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from aiter.arch import ARCHS
@@ -35,10 +36,26 @@ SEQUENCES = (1, 8, 32)  # N: one long prompt, a batch, a busy prefill step
 TOKENS = (8192, 32768)  # T_flat
 
 
-def rows() -> list[dict[str, str]]:
+def scaled_layers(scale: int) -> list[Layer]:
+    """The default layers, each also with `scale - 1` more synthetic head counts (value and key
+    heads both times 2, 3, ...: the same grouping): a table `scale` times the default's size, to
+    measure the builder on more model shapes than the defaults hold."""
+    return [
+        replace(
+            layer,
+            model=f"{layer.model} x{step + 1} heads" if step else layer.model,
+            heads=layer.heads * (step + 1),
+            key_heads=layer.key_heads * (step + 1),
+        )
+        for step in range(scale)
+        for layer in LAYERS
+    ]
+
+
+def rows(scale: int = 1) -> list[dict[str, str]]:
     out = []
     for arch in ARCHS.values():
-        for layer in LAYERS:
+        for layer in scaled_layers(scale):
             for varlen in (0, 1):
                 for use_h0 in (0, 1):
                     for tokens in TOKENS:
@@ -71,14 +88,14 @@ def rows() -> list[dict[str, str]]:
     return out
 
 
-def render() -> str:
+def render(scale: int = 1) -> str:
     import pandas as pd
 
-    frame = pd.DataFrame(rows(), columns=list(CHUNK_GDN_H.header), dtype=str)
+    frame = pd.DataFrame(rows(scale), columns=list(CHUNK_GDN_H.header), dtype=str)
     return frame.to_csv(index=False, lineterminator="\n")
 
 
-def write(out_dir: Path) -> None:
+def write(out_dir: Path, scale: int = 1) -> None:
     path = Path(out_dir) / CHUNK_GDN_H.name
-    path.write_text(render())
-    print(f"wrote {len(rows())} rows to {path}")
+    path.write_text(render(scale))
+    print(f"wrote {len(rows(scale))} rows to {path}")

@@ -3,12 +3,13 @@ open video VAEs (Wan2.1's causal VAE, HunyuanVideo's VAE) and Wan2.1's patch emb
 
 No AMD GPU was measured for it: each row holds the heuristic's tile at the row's shape, splitK 0
 (resolved per call, so it follows the frame count) and an empty `us`.
-`python -m aiter.configs.generate` rewrites it with the other tables.
+`python -m aiter.configs.generate` rewrites it with the other tables; `--scale F` writes a table F
+times its size instead (see `scaled_convs`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from aiter.arch import ARCHS
@@ -79,13 +80,29 @@ def _unique_convs() -> list[Conv]:
     return list(seen.values())
 
 
-def rows() -> list[dict[str, str]]:
+# A scaled table's extra convs grow the input's height and width by this step.
+SIZE_STEP = 8
+
+
+def scaled_convs(scale: int) -> list[Conv]:
+    """The default convs, each also at `scale - 1` larger synthetic input sizes (H and W grown by
+    SIZE_STEP per step): a table `scale` times the default's size, to measure the builder on
+    more shapes than the defaults hold."""
+    convs = _unique_convs()
+    return [
+        replace(conv, h=conv.h + SIZE_STEP * step, w=conv.w + SIZE_STEP * step)
+        for step in range(scale)
+        for conv in convs
+    ]
+
+
+def rows(scale: int = 1) -> list[dict[str, str]]:
     from aiter.ops.conv3d import plan as conv3d_plan
     from aiter.ops.conv3d.kernels.implicit_gemm import Conv3dGeometry
 
     out = []
     for arch in ARCHS.values():
-        for conv in _unique_convs():
+        for conv in scaled_convs(scale):
             geometry = Conv3dGeometry(
                 n=1, c=conv.c, d=conv.d, h=conv.h, w=conv.w, k=conv.k, kt=conv.kernel[0],
                 kh=conv.kernel[1], kw=conv.kernel[2], stride=conv.stride, padding=conv.padding,
@@ -115,15 +132,15 @@ def rows() -> list[dict[str, str]]:
     return out
 
 
-def render() -> str:
+def render(scale: int = 1) -> str:
     """The table's CSV text, columns in the order its spec declares them."""
     import pandas as pd
 
-    frame = pd.DataFrame(rows(), columns=list(CONV3D.header), dtype=str)
+    frame = pd.DataFrame(rows(scale), columns=list(CONV3D.header), dtype=str)
     return frame.to_csv(index=False, lineterminator="\n")
 
 
-def write(out_dir: Path) -> None:
+def write(out_dir: Path, scale: int = 1) -> None:
     path = Path(out_dir) / CONV3D.name
-    path.write_text(render())
-    print(f"wrote {len(rows())} rows to {path}")
+    path.write_text(render(scale))
+    print(f"wrote {len(rows(scale))} rows to {path}")

@@ -1,11 +1,12 @@
 """Generates the default fp8 attention shapes (`fmha_fp8_shapes.csv`): the prefill attention of
 Llama-3.1-70B and gpt-oss-120b at TP8 and DeepSeek-V3's prefill MLA heads at TP8, dense and
-variable-length, causal, for every arch. `python -m aiter.configs.generate` rewrites it.
+variable-length, causal, for every arch. `python -m aiter.configs.generate` rewrites it; `--scale
+F` writes a table F times its size instead (see `scaled_models`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from aiter.arch import ARCHS
@@ -32,10 +33,26 @@ MODELS = (
 )
 
 
-def rows() -> list[dict[str, str]]:
+def scaled_models(scale: int) -> list[Heads]:
+    """The default models, each also with `scale - 1` more synthetic head counts (query and key
+    heads both times 2, 3, ...: the same grouping): a table `scale` times the default's size, to
+    measure the builder on more model shapes than the defaults hold."""
+    return [
+        replace(
+            heads,
+            model=f"{heads.model} x{step + 1} heads" if step else heads.model,
+            num_heads=heads.num_heads * (step + 1),
+            num_kv_heads=heads.num_kv_heads * (step + 1),
+        )
+        for step in range(scale)
+        for heads in MODELS
+    ]
+
+
+def rows(scale: int = 1) -> list[dict[str, str]]:
     out = []
     for arch in ARCHS.values():
-        for heads in MODELS:
+        for heads in scaled_models(scale):
             for layout in LAYOUTS:
                 out.append(
                     {
@@ -55,14 +72,14 @@ def rows() -> list[dict[str, str]]:
     return out
 
 
-def render() -> str:
+def render(scale: int = 1) -> str:
     import pandas as pd
 
-    frame = pd.DataFrame(rows(), columns=list(FMHA_FP8.header), dtype=str)
+    frame = pd.DataFrame(rows(scale), columns=list(FMHA_FP8.header), dtype=str)
     return frame.to_csv(index=False, lineterminator="\n")
 
 
-def write(out_dir: Path) -> None:
+def write(out_dir: Path, scale: int = 1) -> None:
     path = Path(out_dir) / FMHA_FP8.name
-    path.write_text(render())
-    print(f"wrote {len(rows())} rows to {path}")
+    path.write_text(render(scale))
+    print(f"wrote {len(rows(scale))} rows to {path}")

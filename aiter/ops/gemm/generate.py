@@ -2,7 +2,8 @@
 
 No AMD GPU was measured for them: every choice is the runtime's documented heuristic at the row's
 M, with splitK 0 (chosen per call) and `us` empty. `python -m aiter.configs.generate` rewrites
-every family's default tables.
+every family's default tables; `--scale F` writes tables F times their size instead (see
+`scaled_shapes`).
 """
 
 from __future__ import annotations
@@ -129,7 +130,22 @@ RECIPES = (
 )
 
 
-def rows(recipe: TableRecipe) -> list[dict[str, str]]:
+# A scaled table's extra layer shapes grow N and K by this step, which keeps every divisibility
+# the kernels ask of N and K (the 128-wide scale blocks included).
+WIDTH_STEP = 256
+
+
+def scaled_shapes(shapes: Iterable[tuple[int, int]], scale: int) -> list[tuple[int, int]]:
+    """The shapes, each also at `scale - 1` wider synthetic sizes (N and K grown by WIDTH_STEP per
+    step): a table `scale` times the default's size, to measure the builder on more model shapes
+    than the defaults hold."""
+    shapes = list(shapes)
+    return _unique(
+        (n + WIDTH_STEP * step, k + WIDTH_STEP * step) for step in range(scale) for n, k in shapes
+    )
+
+
+def rows(recipe: TableRecipe, scale: int = 1) -> list[dict[str, str]]:
     family = recipe.family()
     out = []
     for arch in recipe.archs():
@@ -137,7 +153,7 @@ def rows(recipe: TableRecipe) -> list[dict[str, str]]:
         base = {"gfx": arch.name, "cu_num": str(cu_num), "us": "", **recipe.dtype_cells(arch)}
         if "kernelId" in recipe.spec.header:
             base["kernelId"] = "0"
-        for n, k in recipe.shapes:
+        for n, k in scaled_shapes(recipe.shapes, scale):
             for m in M_BUCKETS:
                 tile = family.heuristic_tile(m, n, k, cu_num, arch.mma)
                 # splitK 0: the runtime picks split-K per call, so it adapts inside the bucket.
@@ -146,7 +162,7 @@ def rows(recipe: TableRecipe) -> list[dict[str, str]]:
                     | {"M": str(m), "N": str(n), "K": str(k), "libtype": LIBTYPE_FLYDSL}
                     | {"splitK": "0", "kernelName": family.kernel_name(arch.mma, tile)}
                 )
-        for n, k in recipe.torch_shapes:
+        for n, k in scaled_shapes(recipe.torch_shapes, scale):
             for m in TORCH_M:
                 out.append(
                     base
@@ -156,16 +172,17 @@ def rows(recipe: TableRecipe) -> list[dict[str, str]]:
     return out
 
 
-def render(recipe: TableRecipe) -> str:
+def render(recipe: TableRecipe, scale: int = 1) -> str:
     """The table's CSV text, columns in the order its spec declares them."""
     import pandas as pd
 
-    frame = pd.DataFrame(rows(recipe), columns=list(recipe.spec.header), dtype=str)
+    frame = pd.DataFrame(rows(recipe, scale), columns=list(recipe.spec.header), dtype=str)
     return frame.to_csv(index=False, lineterminator="\n")
 
 
-def write(out_dir: Path) -> None:
+def write(out_dir: Path, scale: int = 1) -> None:
     for recipe in RECIPES:
         path = Path(out_dir) / recipe.file
-        path.write_text(render(recipe))
-        print(f"wrote {len(rows(recipe))} rows to {path}")
+        text = render(recipe, scale)
+        path.write_text(text)
+        print(f"wrote {text.count(chr(10)) - 1} rows to {path}")

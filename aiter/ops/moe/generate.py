@@ -2,12 +2,13 @@
 
 No AMD GPU was measured for it: every row leaves block_m, ksplit and the kernel names to the C++
 planner (0 and empty cells, chosen per call, so they adapt inside a bucket) and `us` empty.
-`python -m aiter.configs.generate` rewrites it with the GEMM tables.
+`python -m aiter.configs.generate` rewrites it with the GEMM tables; `--scale F` writes a table F
+times its size instead (see `scaled_layers`).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from aiter.arch import ARCHS, ArchInfo
@@ -38,6 +39,27 @@ LAYERS = (
 )
 
 
+# A scaled table's extra layers grow model_dim and inter_dim by this step, which keeps every
+# divisibility the two stages ask of them.
+WIDTH_STEP = 256
+
+
+def scaled_layers(scale: int) -> list[MoeLayer]:
+    """The default layers, each also at `scale - 1` wider synthetic sizes (model_dim and
+    inter_dim grown by WIDTH_STEP per step): a table `scale` times the default's size, to measure
+    the builder on more model shapes than the defaults hold."""
+    return [
+        replace(
+            layer,
+            model=f"{layer.model} +{WIDTH_STEP * step}" if step else layer.model,
+            model_dim=layer.model_dim + WIDTH_STEP * step,
+            inter_dim=layer.inter_dim + WIDTH_STEP * step,
+        )
+        for step in range(scale)
+        for layer in LAYERS
+    ]
+
+
 def _quant_cells(arch: ArchInfo) -> list[dict[str, str]]:
     """bf16 weights and activations; the arch's fp8 flavour per token and channel."""
     bf16, fp8 = "torch.bfloat16", f"torch.{arch.fp8_dtype_name}"
@@ -47,11 +69,11 @@ def _quant_cells(arch: ArchInfo) -> list[dict[str, str]]:
     ]
 
 
-def rows() -> list[dict[str, str]]:
+def rows(scale: int = 1) -> list[dict[str, str]]:
     out = []
     planner = moe_table.PLANNER_CHOOSES
     for arch in ARCHS.values():
-        for layer in LAYERS:
+        for layer in scaled_layers(scale):
             for quant in _quant_cells(arch):
                 for tokens in TOKENS:
                     row = dict.fromkeys(FMOE.header, "")
@@ -76,15 +98,15 @@ def rows() -> list[dict[str, str]]:
     return out
 
 
-def render() -> str:
+def render(scale: int = 1) -> str:
     """The table's CSV text, columns in the order its spec declares them."""
     import pandas as pd
 
-    frame = pd.DataFrame(rows(), columns=list(FMOE.header), dtype=str)
+    frame = pd.DataFrame(rows(scale), columns=list(FMOE.header), dtype=str)
     return frame.to_csv(index=False, lineterminator="\n")
 
 
-def write(out_dir: Path) -> None:
+def write(out_dir: Path, scale: int = 1) -> None:
     path = Path(out_dir) / FMOE.name
-    path.write_text(render())
-    print(f"wrote {len(rows())} rows to {path}")
+    path.write_text(render(scale))
+    print(f"wrote {len(rows(scale))} rows to {path}")
