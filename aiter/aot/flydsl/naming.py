@@ -8,7 +8,7 @@ import random
 import time
 import zlib
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -45,16 +45,71 @@ class Named:
     served: tuple[tuple[Any, ...], ...]  # (op, table, row, source) of each dispatch record
 
 
+class NamingBatch:
+    """One dry run kept open across the jobs a naming worker names, while they share an arch and
+    CU count: entering a dry run costs about a fifth of a one-probe job. The run is closed after
+    a job that raised, and before anything opens a dry run of its own."""
+
+    def __init__(self) -> None:
+        self._stack: ExitStack | None = None
+        self._device: tuple[str, int] | None = None
+        self.records: list[Any] = []
+        self.requests: list[Any] = []
+
+    def session(self, arch: str, cu_num: int) -> tuple[list[Any], list[Any]]:
+        """The dispatch records and kernel requests of the open dry run for (arch, cu_num)."""
+        from aiter import dispatch
+        from aiter import flydsl_bridge as bridge
+        from aiter.aot.flydsl.dry_run import dry_run
+
+        if self._device != (arch, cu_num):
+            self.close()
+            stack = ExitStack()
+            self.records = stack.enter_context(dispatch.observe())
+            self.requests = stack.enter_context(dry_run(arch, cu_num, bridge.MODE_NAME))
+            self._stack, self._device = stack, (arch, cu_num)
+        return self.records, self.requests
+
+    def close(self) -> None:
+        stack, self._stack, self._device = self._stack, None, None
+        self.records, self.requests = [], []
+        if stack is not None:
+            stack.close()
+
+    def __enter__(self) -> NamingBatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
 @contextmanager
-def naming_session(job: Job) -> Iterator[Probe]:
-    """A probe that names the kernels, serving backends and table rows of the public entry at
-    given axis values, compiling nothing; one dry run serves every probe of the job."""
+def _own_session(job: Job) -> Iterator[tuple[list[Any], list[Any]]]:
     from aiter import dispatch
     from aiter import flydsl_bridge as bridge
     from aiter.aot.flydsl.dry_run import dry_run
 
     info = job.info
     with dispatch.observe() as records, dry_run(info.arch, info.cu_num, bridge.MODE_NAME) as reqs:
+        yield records, reqs
+
+
+@contextmanager
+def _batched_session(job: Job, batch: NamingBatch) -> Iterator[tuple[list[Any], list[Any]]]:
+    try:
+        yield batch.session(job.info.arch, job.info.cu_num)
+    except BaseException:
+        batch.close()  # what a failing call left behind stays with it
+        raise
+
+
+@contextmanager
+def naming_session(job: Job, batch: NamingBatch | None = None) -> Iterator[Probe]:
+    """A probe that names the kernels, serving backends and table rows of the public entry at
+    given axis values, compiling nothing; one dry run serves every probe of the job (and the
+    later jobs of `batch`, when given)."""
+    session = _own_session(job) if batch is None else _batched_session(job, batch)
+    with session as (records, reqs):
 
         def probe(values: Mapping[str, int]) -> Named:
             first_request, first_record = len(reqs), len(records)
@@ -174,10 +229,16 @@ def capture_misses(job: Job, value: int) -> list[str]:
 
 
 def name_job(
-    job: Job, limit: int | None, sample: int = 0, seed: int = 0, misses: bool = False
+    job: Job,
+    limit: int | None,
+    sample: int = 0,
+    seed: int = 0,
+    misses: bool = False,
+    batch: NamingBatch | None = None,
 ) -> JobResult:
     """Every segment of the job's range with the kernels it asks for, and a tag; with `misses`,
-    a captured call's job also carries the miss message of each kernel the cache lacks."""
+    a captured call's job also carries the miss message of each kernel the cache lacks. With
+    `batch`, the job is named in the batch's dry run."""
     from aiter.aot.flydsl.bisection import segments
 
     info = job.info
@@ -186,7 +247,7 @@ def name_job(
     backends: set[str] = set()
 
     try:
-        with naming_session(job) as probe:
+        with naming_session(job, batch) as probe:
             if info.widen_to:
 
                 def at_axis(values: Mapping[str, int]) -> Named:
@@ -223,6 +284,8 @@ def name_job(
                 result.probes += 1
                 result.samples.append(Sample(values, index, list(probe(values).kernels)))
         if misses and info.table == CAPTURE_TABLE and info.tabled is not None:
+            if batch is not None:
+                batch.close()  # capture_misses opens its own dry run
             result.misses = capture_misses(job, info.tabled)
     except NotImplementedError as err:
         result.tag, result.message, result.segments = Tag.SKIP, f"runtime declines: {err}", []

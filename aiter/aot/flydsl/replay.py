@@ -25,7 +25,7 @@ from aiter.aot.flydsl.audit import audit
 from aiter.aot.flydsl.capture_jobs import capture_jobs
 from aiter.aot.flydsl.entries import EntryAudit
 from aiter.aot.flydsl.jobs import Family, Job
-from aiter.aot.flydsl.naming import name_job
+from aiter.aot.flydsl.naming import NamingBatch, name_job
 from aiter.aot.flydsl.protocol import (
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -197,9 +197,10 @@ class _Scheduler:
     def name_here(self, index: int) -> None:
         self.accept(index, self._name(index))
 
-    def _name(self, index: int) -> JobResult:
+    def _name(self, index: int, batch: NamingBatch | None = None) -> JobResult:
         misses = self.mode == Mode.CHECK
-        return name_job(self.jobs[index], self.limits[index], self.sample, self.seed, misses)
+        job, limit = self.jobs[index], self.limits[index]
+        return name_job(job, limit, self.sample, self.seed, misses, batch)
 
     def accept(self, index: int, result: JobResult) -> None:
         self.results[index] = result
@@ -249,7 +250,9 @@ class _Scheduler:
 
     def _name_in_child(self, chunk: list[int]) -> list[JobResult]:
         # The worker pool pickles what a task returns: typed results come back as they are.
-        return [self._name(i) for i in chunk]
+        # The chunk shares a dry run; the arch process, which forks, never keeps one open.
+        with NamingBatch() as batch:
+            return [self._name(i, batch) for i in chunk]
 
     def _compile_in_child(self, task: CompileTask) -> dict[str, Any]:
         return compile_task(self.jobs[task.job], task, self.entries)
