@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from aiter.aot.flydsl.capture_axis import Along, along_dims
+from aiter.aot.flydsl.fixed_inputs import FixedInputs
 from aiter.aot.flydsl.jobs import Call, CapturedOp, Family
 from aiter.ops.conv3d.table import CONV3D
 from aiter.tuning import Row, TableSpec
@@ -30,6 +31,7 @@ def caller(spec: TableSpec, row: Row, variant: Mapping[str, str]) -> Call:
     dilation = tuple(row.int(f"dil_{a}") for a in "dhw")
     with_bias = row["bias"].strip().lower() in ("1", "true", "1.0")
     input_layout, output_layout = variant["input_layout"], variant["output_layout"]
+    fixed = FixedInputs()  # the layer's weight and bias, kept across calls
 
     def call(frames: int) -> None:
         import torch
@@ -38,8 +40,8 @@ def caller(spec: TableSpec, row: Row, variant: Mapping[str, str]) -> Call:
         shape = (n, c, frames, h, w) if input_layout == "NCDHW" else (n, frames, h, w, c)
         conv3d(
             torch.empty(shape, dtype=dtype, device="cuda"),
-            torch.empty((k, c // groups, *kernel), dtype=dtype, device="cuda"),
-            torch.empty((k,), dtype=dtype, device="cuda") if with_bias else None,
+            fixed.empty("weight", (k, c // groups, *kernel), dtype),
+            fixed.empty("bias", (k,), dtype) if with_bias else None,
             stride=stride,
             padding=padding,
             dilation=dilation,

@@ -17,6 +17,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from aiter.aot.flydsl.capture_axis import dims_along
+from aiter.aot.flydsl.fixed_inputs import FixedInputs
 from aiter.aot.flydsl.jobs import Call, CapturedOp, Family
 from aiter.ops.gemm.table import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16
 from aiter.tuning import Row, TableSpec
@@ -38,11 +39,13 @@ def _a16w16(row: Row, variant: Mapping[str, str]) -> Call:
     from aiter.ops.gemm.entry import gemm_a16w16
 
     n, k, with_bias = row.int("N"), row.int("K"), row.int("bias") == 1
+    fixed = FixedInputs()  # the layer's weight and bias, kept across calls
 
     def call(M: int) -> None:
         dtype, out_dtype = _dtype(row["dtype"]), _dtype(row["outdtype"])
-        bias = _empty((n,), out_dtype) if with_bias else None
-        gemm_a16w16(_empty((M, k), dtype), _empty((n, k), dtype), bias, out_dtype=out_dtype)
+        bias = fixed.empty("bias", (n,), out_dtype) if with_bias else None
+        weight = fixed.empty("B", (n, k), dtype)
+        gemm_a16w16(_empty((M, k), dtype), weight, bias, out_dtype=out_dtype)
 
     return call
 
@@ -51,15 +54,16 @@ def _a8w8_bpreshuffle(row: Row, variant: Mapping[str, str]) -> Call:
     from aiter.ops.gemm import entry as gemm_a8w8
 
     n, k = row.int("N"), row.int("K")
+    fixed = FixedInputs()  # the layer's weight and its scales, kept across calls
 
     def call(M: int) -> None:
         q_dtype = _dtype(row["q_dtype_w"])
         x_shape, w_shape = gemm_a8w8.bpreshuffle_scale_shapes(M, n)
         gemm_a8w8.gemm_a8w8_bpreshuffle(
             _empty((M, k), q_dtype),
-            _empty((n, k), q_dtype),  # a preshuffled weight has the plain weight's shape
+            fixed.empty("WQ", (n, k), q_dtype),  # preshuffled: the plain weight's shape
             _empty(x_shape, gemm_a8w8.SCALE_DTYPE),
-            _empty(w_shape, gemm_a8w8.SCALE_DTYPE),
+            fixed.empty("w_scale", w_shape, gemm_a8w8.SCALE_DTYPE),
             out_dtype=_dtype(variant["out_dtype"]),
         )
 
@@ -71,15 +75,16 @@ def _a8w8_blockscale(row: Row, variant: Mapping[str, str]) -> Call:
     from aiter.ops.gemm import entry as gemm_a8w8
 
     n, k = row.int("N"), row.int("K")
+    fixed = FixedInputs()  # the layer's weight and its scales, kept across calls
 
     def call(M: int) -> None:
         q_dtype = device.fp8_dtype()  # the table leaves it to the arch, as a caller would
         x_shape, w_shape = gemm_a8w8.blockscale_scale_shapes(M, n, k)
         gemm_a8w8.gemm_a8w8_blockscale(
             _empty((M, k), q_dtype),
-            _empty((n, k), q_dtype),
+            fixed.empty("WQ", (n, k), q_dtype),
             _empty(x_shape, gemm_a8w8.SCALE_DTYPE),
-            _empty(w_shape, gemm_a8w8.SCALE_DTYPE),
+            fixed.empty("w_scale", w_shape, gemm_a8w8.SCALE_DTYPE),
             out_dtype=_dtype(variant["out_dtype"]),
         )
 

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from aiter.aot.flydsl.capture_axis import dims_along
+from aiter.aot.flydsl.fixed_inputs import FixedInputs
 from aiter.aot.flydsl.jobs import Call, CapturedOp, Family
 from aiter.ops.moe.table import ACT_SWIGLU, FMOE, QUANT_PER_TOKEN, SWIGLU_VARIANTS
 from aiter.tuning import Row, TableSpec
@@ -55,6 +56,7 @@ def caller(spec: TableSpec, row: Row, variant: Mapping[str, str]) -> Call:
     masked = variant["experts"] == "masked"
     local = max(1, experts // EP_DEGREE) if masked else experts
     with_bias = variant.get("bias") == "both"
+    fixed = FixedInputs()  # the layer's weights, scales, biases and mask, kept across calls
 
     def call(tokens: int) -> None:
         import torch
@@ -62,19 +64,19 @@ def caller(spec: TableSpec, row: Row, variant: Mapping[str, str]) -> Call:
         act_dtype, w_dtype = _dtype(row["dtype"]), _dtype(row["q_dtype_w"])
         kwargs = {}
         if quantized:
-            kwargs["w1_scale"] = _empty((local, 2 * inter, 1), torch.float32)
-            kwargs["w2_scale"] = _empty((local, model_dim, 1), torch.float32)
+            kwargs["w1_scale"] = fixed.empty("w1_scale", (local, 2 * inter, 1), torch.float32)
+            kwargs["w2_scale"] = fixed.empty("w2_scale", (local, model_dim, 1), torch.float32)
         if with_bias:
-            kwargs["bias1"] = _empty((local, 2 * inter), torch.float32)
-            kwargs["bias2"] = _empty((local, model_dim), torch.float32)
+            kwargs["bias1"] = fixed.empty("bias1", (local, 2 * inter), torch.float32)
+            kwargs["bias2"] = fixed.empty("bias2", (local, model_dim), torch.float32)
         if masked:
-            kwargs["expert_mask"] = _empty((experts,), torch.int32)
+            kwargs["expert_mask"] = fixed.empty("expert_mask", (experts,), torch.int32)
         if variant["local_tokens"] == "given":
             kwargs["num_local_tokens"] = _empty((1,), torch.int32)
         fused_moe(
             _empty((tokens, model_dim), act_dtype),
-            _empty((local, 2 * inter, model_dim), w_dtype),  # preshuffled keeps the shape
-            _empty((local, model_dim, inter), w_dtype),
+            fixed.empty("w1", (local, 2 * inter, model_dim), w_dtype),  # preshuffled: same shape
+            fixed.empty("w2", (local, model_dim, inter), w_dtype),
             _empty((tokens, topk), torch.float32),
             _empty((tokens, topk), torch.int32),
             activation=ACTIVATIONS[row["act_type"]],
