@@ -30,6 +30,12 @@ class DeviceFacts:
 _simulated: DeviceFacts | None = None
 
 
+def on_gpu(t: torch.Tensor) -> bool:
+    """`t.is_cuda` (a ROCm GPU's tensors are "cuda" too), read from the device itself: on the
+    dry run's FakeTensors is_cuda costs a dispatch through the fake mode, device does not."""
+    return t.device.type == "cuda"
+
+
 @functools.cache
 def _real_facts(index: int) -> tuple[str, int]:
     if not torch.cuda.is_available():

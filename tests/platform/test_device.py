@@ -106,3 +106,19 @@ def test_simulate_unknown_arch_raises_and_changes_nothing() -> None:
             pass
         assert device.arch() == "gfx942"
     assert not device.is_simulated()
+
+
+def test_on_gpu_answers_as_is_cuda_does() -> None:
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from aiter import device as aiter_device
+
+    with FakeTensorMode():
+        on_cuda = torch.empty((2,), device="cuda")
+        on_cpu = torch.empty((2,), device="cpu")
+        assert aiter_device.on_gpu(on_cuda) is on_cuda.is_cuda is True
+        assert aiter_device.on_gpu(on_cpu) is on_cpu.is_cuda is False
+    meta = torch.empty((2,), device="meta")
+    assert aiter_device.on_gpu(meta) is meta.is_cuda is False
+    assert aiter_device.on_gpu(torch.zeros(2)) is False

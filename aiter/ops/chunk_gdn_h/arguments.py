@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from aiter import device
 from aiter.ops.chunk_gdn_h.kernels.chunk_h_index import (
     CHUNK_SIZES,
     HEAD_DIMS,
@@ -61,7 +62,7 @@ def _tensor(name: str, t: object) -> torch.Tensor:
 
 
 def _on_gpu(name: str, t: torch.Tensor) -> None:
-    if not t.is_cuda:
+    if not device.on_gpu(t):
         raise ValueError(f"{name} must be on a GPU device, got {t.device}")
 
 
@@ -175,7 +176,7 @@ def check_call(k, w, u, g, gk, initial_state, output_final_state, chunk_size, sa
     named = {"k": k, "w": w, "u": u, **gates}
     if initial_state is not None:
         named["initial_state"] = initial_state
-    if varlen and cu_seqlens.is_cuda:
+    if varlen and device.on_gpu(cu_seqlens):
         named["cu_seqlens"] = cu_seqlens
     for name, t in named.items():
         _on_gpu(name, t)

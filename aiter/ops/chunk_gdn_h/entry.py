@@ -57,7 +57,7 @@ def chunk_gated_delta_rule_fwd_h(
     choice = gdn_plan.choose_block_v(call, device.arch(), device.cu_num(), mma)
     cu_device = offsets_device = None
     if call.varlen:
-        if cu_seqlens.is_cuda and cu_seqlens.dtype == SEQLENS_DTYPE:
+        if device.on_gpu(cu_seqlens) and cu_seqlens.dtype == SEQLENS_DTYPE:
             cu_device = cu_seqlens
         else:
             cu_device = torch.tensor(call.cu_seqlens, dtype=SEQLENS_DTYPE, device=k.device)

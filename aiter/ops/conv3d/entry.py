@@ -40,7 +40,7 @@ def _tensor(name: str, t: object, dtypes: tuple[torch.dtype, ...], dims: int) ->
         raise TypeError(f"{name} must have dtype in {dtypes}, got {t.dtype}")
     if t.dim() != dims:
         raise ValueError(f"{name} must be a {dims}-D tensor, got shape {list(t.shape)}")
-    if not t.is_cuda:
+    if not device.on_gpu(t):
         raise ValueError(f"{name} must be on a GPU device, got {t.device}")
     return t
 

@@ -28,7 +28,7 @@ HEAD_DIM_RANGE = (64, 256)
 def _tensor(name: str, t: object) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if not t.is_cuda:
+    if not device.on_gpu(t):
         raise ValueError(f"{name} must be on a GPU device, got {t.device}")
     return t
 

@@ -36,7 +36,7 @@ def _check_matrix(name: str, t: object, dtypes: tuple[torch.dtype, ...]) -> torc
         raise ValueError(f"{name} must be 2-D, got shape {tuple(t.shape)}")
     if t.dtype not in dtypes:
         raise TypeError(f"{name} must have dtype in {dtypes}, got {t.dtype}")
-    if not t.is_cuda:
+    if not device.on_gpu(t):
         raise ValueError(f"{name} must be on a GPU device, got {t.device}")
     if t.stride(1) != 1 or t.stride(0) != t.shape[1]:
         raise ValueError(f"{name} must be row-major contiguous, got strides {t.stride()}")
@@ -157,7 +157,7 @@ def _check_tensor(name: str, t: object, dtypes: tuple, shape: tuple[int, ...]) -
         raise TypeError(f"{name} must have dtype in {dtypes}, got {t.dtype}")
     if tuple(t.shape) != shape:
         raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
-    if not t.is_cuda:
+    if not device.on_gpu(t):
         raise ValueError(f"{name} must be on a GPU device, got {t.device}")
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")

@@ -48,7 +48,7 @@ def _check(
         raise TypeError(f"{name} must have dtype {expected}, got {t.dtype}")
     if tuple(t.shape) != shape:
         raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
-    if gpu and not t.is_cuda:
+    if gpu and not device.on_gpu(t):
         raise ValueError(f"{name} must be on a GPU device, got {t.device}")
     if not t.is_contiguous():
         raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
