@@ -34,7 +34,10 @@ def _call(op: str, **args: object) -> Any:
             raise ValueError(f"{op}: {name} must fit in int64, got {value}")
         values.append(value)
     try:
-        return getattr(torch.ops.aiter, op)(*values)
+        # Ints in, ints out: no tensor subclass or dispatch mode has anything to do with these
+        # ops, and under a fake mode (the AOT dry run) its Python dispatch would cost 5x the op.
+        with torch._C._DisableTorchDispatch():
+            return getattr(torch.ops.aiter, op)(*values)
     except RuntimeError as error:  # a TORCH_CHECK: "<op>: <argument> must ..., got ..."
         raise ValueError(str(error)) from None
 
