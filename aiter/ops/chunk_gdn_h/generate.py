@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from aiter.arch import ARCHS
+from aiter.configs.scaling import scaled
 from aiter.ops.chunk_gdn_h.plan import grid_fill_block_v
 from aiter.ops.chunk_gdn_h.table import CHUNK_GDN_H
 
@@ -40,16 +41,15 @@ def scaled_layers(scale: int) -> list[Layer]:
     """The default layers, each also with `scale - 1` more synthetic head counts (value and key
     heads both times 2, 3, ...: the same grouping): a table `scale` times the default's size, to
     measure the builder on more model shapes than the defaults hold."""
-    return [
-        replace(
-            layer,
-            model=f"{layer.model} x{step + 1} heads" if step else layer.model,
-            heads=layer.heads * (step + 1),
-            key_heads=layer.key_heads * (step + 1),
+
+    def grow(layer: Layer, step: int) -> Layer:
+        times = step + 1
+        model = f"{layer.model} x{times} heads"
+        return replace(
+            layer, model=model, heads=layer.heads * times, key_heads=layer.key_heads * times
         )
-        for step in range(scale)
-        for layer in LAYERS
-    ]
+
+    return scaled(LAYERS, scale, grow)
 
 
 def rows(scale: int = 1) -> list[dict[str, str]]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from aiter.arch import ARCHS
+from aiter.configs.scaling import scaled
 from aiter.ops.conv3d.table import CONV3D
 
 
@@ -88,12 +89,11 @@ def scaled_convs(scale: int) -> list[Conv]:
     """The default convs, each also at `scale - 1` larger synthetic input sizes (H and W grown by
     SIZE_STEP per step): a table `scale` times the default's size, to measure the builder on
     more shapes than the defaults hold."""
-    convs = _unique_convs()
-    return [
-        replace(conv, h=conv.h + SIZE_STEP * step, w=conv.w + SIZE_STEP * step)
-        for step in range(scale)
-        for conv in convs
-    ]
+
+    def grow(conv: Conv, step: int) -> Conv:
+        return replace(conv, h=conv.h + SIZE_STEP * step, w=conv.w + SIZE_STEP * step)
+
+    return scaled(_unique_convs(), scale, grow)
 
 
 def rows(scale: int = 1) -> list[dict[str, str]]:

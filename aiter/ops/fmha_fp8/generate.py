@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from aiter.arch import ARCHS
+from aiter.configs.scaling import scaled
 from aiter.ops.fmha_fp8.table import FMHA_FP8, LAYOUTS
 
 MAX_BATCH = 8
@@ -37,16 +38,17 @@ def scaled_models(scale: int) -> list[Heads]:
     """The default models, each also with `scale - 1` more synthetic head counts (query and key
     heads both times 2, 3, ...: the same grouping): a table `scale` times the default's size, to
     measure the builder on more model shapes than the defaults hold."""
-    return [
-        replace(
+
+    def grow(heads: Heads, step: int) -> Heads:
+        times = step + 1
+        return replace(
             heads,
-            model=f"{heads.model} x{step + 1} heads" if step else heads.model,
-            num_heads=heads.num_heads * (step + 1),
-            num_kv_heads=heads.num_kv_heads * (step + 1),
+            model=f"{heads.model} x{times} heads",
+            num_heads=heads.num_heads * times,
+            num_kv_heads=heads.num_kv_heads * times,
         )
-        for step in range(scale)
-        for heads in MODELS
-    ]
+
+    return scaled(MODELS, scale, grow)
 
 
 def rows(scale: int = 1) -> list[dict[str, str]]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiter.arch import ARCHS, ArchInfo
+from aiter.configs.scaling import scaled
 from aiter.ops.gemm.plan import KernelFamily
 from aiter.ops.gemm.table import (
     A8W8_BLOCKSCALE,
@@ -139,10 +140,11 @@ def scaled_shapes(shapes: Iterable[tuple[int, int]], scale: int) -> list[tuple[i
     """The shapes, each also at `scale - 1` wider synthetic sizes (N and K grown by WIDTH_STEP per
     step): a table `scale` times the default's size, to measure the builder on more model shapes
     than the defaults hold."""
-    shapes = list(shapes)
-    return _unique(
-        (n + WIDTH_STEP * step, k + WIDTH_STEP * step) for step in range(scale) for n, k in shapes
-    )
+
+    def grow(shape: tuple[int, int], step: int) -> tuple[int, int]:
+        return shape[0] + WIDTH_STEP * step, shape[1] + WIDTH_STEP * step
+
+    return _unique(scaled(list(shapes), scale, grow))
 
 
 def rows(recipe: TableRecipe, scale: int = 1) -> list[dict[str, str]]:

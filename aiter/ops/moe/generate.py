@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from aiter.arch import ARCHS, ArchInfo
+from aiter.configs.scaling import scaled
 from aiter.ops.moe import table as moe_table
 from aiter.ops.moe.table import FMOE
 
@@ -48,16 +49,17 @@ def scaled_layers(scale: int) -> list[MoeLayer]:
     """The default layers, each also at `scale - 1` wider synthetic sizes (model_dim and
     inter_dim grown by WIDTH_STEP per step): a table `scale` times the default's size, to measure
     the builder on more model shapes than the defaults hold."""
-    return [
-        replace(
+
+    def grow(layer: MoeLayer, step: int) -> MoeLayer:
+        wider = WIDTH_STEP * step
+        return replace(
             layer,
-            model=f"{layer.model} +{WIDTH_STEP * step}" if step else layer.model,
-            model_dim=layer.model_dim + WIDTH_STEP * step,
-            inter_dim=layer.inter_dim + WIDTH_STEP * step,
+            model=f"{layer.model} +{wider}",
+            model_dim=layer.model_dim + wider,
+            inter_dim=layer.inter_dim + wider,
         )
-        for step in range(scale)
-        for layer in LAYERS
-    ]
+
+    return scaled(LAYERS, scale, grow)
 
 
 def _quant_cells(arch: ArchInfo) -> list[dict[str, str]]:
