@@ -40,23 +40,24 @@ LAYERS = (
 )
 
 
-# A scaled table's extra layers grow model_dim and inter_dim by this step, which keeps every
-# divisibility the two stages ask of them.
-WIDTH_STEP = 256
+# A scaled table's extra layers grow model_dim and inter_dim by these steps, which keep every
+# divisibility the two stages ask of them. inter_dim grows slower: at 32768 tokens, 8 experts per
+# token, the stage-2 input of DeepSeek-V3's widest sibling (2048 + 9 * 128) stays under 2 GiB, the
+# kernels' 32-bit buffer offsets.
+MODEL_DIM_STEP, INTER_DIM_STEP = 256, 128
 
 
 def scaled_layers(scale: int) -> list[MoeLayer]:
     """The default layers, each also at `scale - 1` wider synthetic sizes (model_dim and
-    inter_dim grown by WIDTH_STEP per step): a table `scale` times the default's size, to measure
-    the builder on more model shapes than the defaults hold."""
+    inter_dim grown by MODEL_DIM_STEP and INTER_DIM_STEP per step): a table `scale` times the
+    default's size, to measure the builder on more model shapes than the defaults hold."""
 
     def grow(layer: MoeLayer, step: int) -> MoeLayer:
-        wider = WIDTH_STEP * step
         return replace(
             layer,
-            model=f"{layer.model} +{wider}",
-            model_dim=layer.model_dim + wider,
-            inter_dim=layer.inter_dim + wider,
+            model=f"{layer.model} wider x{step}",
+            model_dim=layer.model_dim + MODEL_DIM_STEP * step,
+            inter_dim=layer.inter_dim + INTER_DIM_STEP * step,
         )
 
     return scaled(LAYERS, scale, grow)
