@@ -186,6 +186,9 @@ class _Scheduler:
         self.entries: EntryAudit = entries
         self.timeout: float | None = None  # seconds a worker may take for one task
         self.results: list[JobResult | None] = [None] * len(jobs)
+        # Running counts for the progress board: counting over the results at every accept
+        # made the arch process quadratic in its jobs.
+        self.done = self.failed = 0
         self.compiles: list[CompileResult] = []
         self.scheduled: set[str] = set()
         self.heap: list[tuple[float, int, CompileTask]] = []
@@ -203,6 +206,11 @@ class _Scheduler:
         return name_job(job, limit, self.sample, self.seed, misses, batch)
 
     def accept(self, index: int, result: JobResult) -> None:
+        previous = self.results[index]
+        self.done += previous is None
+        self.failed += (result.tag == Tag.FAIL) - (
+            previous is not None and previous.tag == Tag.FAIL
+        )
         self.results[index] = result
         if self.mode == Mode.BUILD:
             for task in plan_compiles(index, result, self.scheduled, self.estimates, self.entries):
@@ -213,8 +221,7 @@ class _Scheduler:
 
     def send_counts(self, force: bool = False) -> None:
         """Jobs named, kernels compiled, failures and the phase, to the driver's progress board."""
-        done = sum(r is not None for r in self.results)
-        failed = sum(r is not None and r.tag == Tag.FAIL for r in self.results)
+        done, failed = self.done, self.failed
         phase = "naming" if done < len(self.jobs) else "compiling" if self.pool.busy else "done"
         self.pipe.send_counts(
             force,
@@ -274,6 +281,7 @@ class _Scheduler:
         else:
             compiled = CompileResult(task, False, error=outcome.error or "")
             failed = self.results[task.job]
+            self.failed += failed.tag != Tag.FAIL
             where = ", ".join(f"{k}={v}" for k, v in task.values.items())
             hint = write_trouble(task.files[0]) if task.files else ""
             failed.tag, failed.message = Tag.FAIL, f"compile at {where}: {outcome.error}{hint}"
