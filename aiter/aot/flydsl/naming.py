@@ -23,14 +23,26 @@ from aiter.aot.flydsl.protocol import (
     Tag,
 )
 
+# Each KernelRequest's KernelRef and path, by the request's identity: the naming memo hands the
+# same request object to every launch with its key, and deriving a ref hashes the whole key.
+_refs: dict[int, tuple[Any, KernelRef, Any]] = {}
+_REFS_KEPT = 50_000
 
-def _kernel_ref(request: Any) -> KernelRef:
-    return KernelRef(
-        function=request.function,
-        cache_dir=request.cache_dir,
-        file=request.file_name,
-        params=request.describe_params(),
-    )
+
+def _kernel_ref(request: Any) -> tuple[KernelRef, Any]:
+    """The KernelRef of `request`, and its path."""
+    known = _refs.get(id(request))
+    if known is None or known[0] is not request:
+        if len(_refs) >= _REFS_KEPT:  # requests from outside the memo are new each launch
+            _refs.clear()
+        ref = KernelRef(
+            function=request.function,
+            cache_dir=request.cache_dir,
+            file=request.file_name,
+            params=request.describe_params(),
+        )
+        known = _refs[id(request)] = (request, ref, ref.path)
+    return known[1], known[2]
 
 
 Probe = Callable[[Mapping[str, int]], "Named"]
@@ -114,7 +126,7 @@ def naming_session(job: Job, batch: NamingBatch | None = None) -> Iterator[Probe
         def probe(values: Mapping[str, int]) -> Named:
             first_request, first_record = len(reqs), len(records)
             job.call(**values)
-            kernels = {k.path: k for k in map(_kernel_ref, reqs[first_request:])}
+            kernels = {path: k for k, path in map(_kernel_ref, reqs[first_request:])}
             ordered = tuple(sorted(kernels.values(), key=lambda k: (k.function, k.file)))
             new = records[first_record:]
             return Named(

@@ -23,6 +23,8 @@ startup.install()
 
 def _canonical_strides(t: torch.Tensor) -> tuple[int, ...]:
     """t's strides with every size-1 axis given its row-major stride (never stepped, so free)."""
+    if 1 not in t.shape:
+        return t.stride()
     strides = list(t.stride())
     step = 1
     for axis in reversed(range(t.dim())):
