@@ -213,9 +213,11 @@ def moe_sorting(
 
 def _quantize_per_token(x: torch.Tensor, fp8: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row fp8 quantization (torch ops): x ~= q * scale, scale fp32 [rows, 1]. The row maxima
-    are exact in x's dtype, and `x / scale` divides in fp32 by type promotion: no fp32 copy of x
-    is made."""
-    amax = x.abs().amax(dim=-1, keepdim=True).to(torch.float32).clamp(min=1e-10)
+    of |x| come from one reduction that widens to fp32 as it reads (exact: the maxima are values
+    of x), and `x / scale` divides in fp32 by type promotion: no fp32 copy of x is made."""
+    inf = float("inf")
+    amax = torch.linalg.vector_norm(x, inf, dim=-1, keepdim=True, dtype=torch.float32)
+    amax = amax.clamp(min=1e-10)
     scale = amax / torch.finfo(fp8).max
     return (x / scale).to(fp8), scale
 
