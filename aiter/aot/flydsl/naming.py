@@ -97,13 +97,8 @@ class NamingBatch:
 
 @contextmanager
 def _own_session(job: Job) -> Iterator[tuple[list[Any], list[Any]]]:
-    from aiter import dispatch
-    from aiter import flydsl_bridge as bridge
-    from aiter.aot.flydsl.dry_run import dry_run
-
-    info = job.info
-    with dispatch.observe() as records, dry_run(info.arch, info.cu_num, bridge.MODE_NAME) as reqs:
-        yield records, reqs
+    with NamingBatch() as batch:  # a batch of one job
+        yield batch.session(job.info.arch, job.info.cu_num)
 
 
 @contextmanager
