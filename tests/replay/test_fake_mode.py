@@ -15,7 +15,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from aiter.aot.flydsl import fake_mode
-from aiter.aot.flydsl.fake_mode import _FACTORY, _META, _SLOW, DryRunFakeMode
+from aiter.aot.flydsl.fake_mode import _FACTORY, _LIFT, _META, _SLOW, DryRunFakeMode
 
 
 def _inputs() -> dict[str, torch.Tensor]:
@@ -81,6 +81,9 @@ CASES: dict[str, Callable[[dict[str, torch.Tensor]], object]] = {
     "view_as": lambda t: t["a"].view_as(torch.empty(48)),
     "contiguous_of_permuted": lambda t: t["batched"].permute(2, 0, 1).contiguous(),
     "chunk": lambda t: t["batched"].chunk(2, dim=-1),
+    "tensor_of_list": lambda t: torch.tensor([0, 5, 9, 13], dtype=torch.int32),
+    "tensor_of_list_on_cuda": lambda t: torch.tensor([[1.0, 2.5]], device="cuda"),
+    "as_tensor": lambda t: torch.as_tensor([3, 4], dtype=torch.int64, device="cuda"),
 }
 
 
@@ -176,6 +179,38 @@ def test_ops_take_the_direct_path():
     assert routes[torch.ops.aten.empty.memory_format][0] == _FACTORY
     assert routes[torch.ops.aten.abs.default][0] == _META
     assert routes[torch.ops.aten.view.default][0] != _SLOW
+
+
+def test_a_lifted_host_tensor_is_made_from_its_metadata_and_remembered(monkeypatch):
+    """`torch.tensor(data)` lifts a fresh host tensor: made without torch's converter, the same
+    real tensor lifted twice is one fake (as the converter remembers it); a view is left to it."""
+    mode = DryRunFakeMode()
+    real = torch.tensor([[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11]], dtype=torch.int32)
+    rows = real[1:]
+    converter = mode.fake_tensor_converter
+    torch_lift = converter.from_real_tensor
+
+    def refused(*args, **kwargs):
+        raise AssertionError("a plain host tensor took torch's converter")
+
+    monkeypatch.setattr(converter, "from_real_tensor", refused)
+    with mode:
+        first = torch.ops.aten.lift_fresh.default(real)
+        again = torch.ops.aten.lift_fresh.default(real)
+    monkeypatch.setattr(converter, "from_real_tensor", torch_lift)
+    with mode:
+        view = torch.ops.aten.lift_fresh.default(rows)
+    assert fake_mode._routes[torch.ops.aten.lift_fresh.default][0] == _LIFT
+    assert first is again and isinstance(first, FakeTensor) and first.fake_mode is mode
+    described = (first.shape, first.stride(), first.dtype, first.device, first.constant)
+    assert described == (real.shape, real.stride(), real.dtype, real.device, None)
+    with FakeTensorMode(allow_non_fake_inputs=False):
+        expected = torch.ops.aten.lift_fresh.default(rows)
+    assert (view.shape, view.stride(), view.storage_offset()) == (
+        expected.shape,
+        expected.stride(),
+        expected.storage_offset(),
+    )
 
 
 def test_real_tensor_inputs_are_refused_as_by_torch():
