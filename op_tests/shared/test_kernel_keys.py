@@ -158,3 +158,30 @@ def test_one_varlen_query_row_with_lse_asks_for_the_kernel_of_many() -> None:
             )
             files[rows] = sorted(r.file_name for r in requests[first:])
     assert files[1] == files[2] == files[7]
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.empty(8, 5),
+        torch.empty(3, 4, 5),
+        torch.empty(2, 3, 8)[:, :, 2:6],  # stepped rows, unit last stride
+        torch.empty(7),
+        torch.empty(8, 1),
+        torch.empty(1, 64),
+        torch.empty(6, 1, 4)[:, :, 1:2],
+    ],
+    ids=["MxK", "3d", "sliced-rows", "1d", "Hx1", "1xK", "size-1-last"],
+)
+def test_kernel_tensor_is_flydsl_marking_its_last_axis(tensor) -> None:
+    """Whichever way kernel_tensor builds the argument, it is the one FlyDSL's explicit marking
+    of the last axis gives: the same key, dynamic sizes and strides, and memref layout."""
+    arg = kernel_tensor(tensor)
+    strides = tuple(arg.torch_tensor.stride())
+    marked = TorchTensorJitArg(arg.torch_tensor, dynamic_layout=False)
+    marked.mark_layout_dynamic(leading_dim=tensor.dim() - 1)
+    assert _signature(arg) == _signature(marked)
+    assert arg.shape_dyn_indices == marked.shape_dyn_indices
+    assert arg.stride_dyn_indices == marked.stride_dyn_indices
+    assert arg._ensure_spec().get_cache_signature() == marked.spec.get_cache_signature()
+    assert arg.is_layout_dynamic and strides[-1] == 1

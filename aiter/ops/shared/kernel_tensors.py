@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import flydsl.compiler as flyc
 import torch
+from flydsl.compiler.jit_argument import TorchTensorJitArg
 
 from aiter.flydsl_bridge import startup
 
@@ -48,7 +49,11 @@ def kernel_tensor(t: torch.Tensor):
         )
     if strides != tuple(t.stride()):
         t = t.as_strided(t.shape, strides)
-    return flyc.from_torch_tensor(t).mark_layout_dynamic(leading_dim=t.dim() - 1)
+    if 1 in strides[:-1]:
+        return flyc.from_torch_tensor(t).mark_layout_dynamic(leading_dim=t.dim() - 1)
+    # The last axis is the only unit-stride one, which is the axis FlyDSL's default layout-dynamic
+    # argument picks: the same key and memref, without building the layout spec at every launch.
+    return TorchTensorJitArg(t, dynamic_layout=True)
 
 
 def kernel_tensors(*tensors: torch.Tensor) -> tuple:
