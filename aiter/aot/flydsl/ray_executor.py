@@ -71,11 +71,15 @@ class ShardOutcome:
     cache: bytes  # its cache directory as a tar
 
 
-def _die_with_parent() -> None:
-    """In the build process: killed when the task's worker dies (Linux prctl)."""
+def _die_with_parent_hook():
+    """A preexec_fn killing the build process when the task's worker dies (Linux prctl).
+
+    Resolved here, before the fork: the child of a threaded Ray worker must not import
+    between fork and exec."""
     import ctypes
 
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    prctl = ctypes.CDLL(None, use_errno=True).prctl
+    return lambda: prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def run_shard(target: str, shard: str, args: Sequence[str], env: dict[str, str]) -> ShardOutcome:
@@ -88,7 +92,7 @@ def run_shard(target: str, shard: str, args: Sequence[str], env: dict[str, str])
             c.replace("{cache}", str(cache)).replace("{report}", str(report)) for c in command
         ]
         proc = subprocess.run(command, env=full, capture_output=True, text=True, check=False,
-                              preexec_fn=_die_with_parent)  # fmt: skip
+                              preexec_fn=_die_with_parent_hook())  # fmt: skip
         if proc.returncode < 0:  # killed: let Ray run it again
             raise RuntimeError(
                 f"shard {shard} of {target}: the build was killed ({proc.returncode})"
