@@ -437,22 +437,3 @@ def test_rows_the_kernels_cannot_serve_are_refused_at_load(table, column, value,
     assert str(info.value) == message
     with pytest.raises(TableError, match=re.escape(message)):  # a call loads the table first
         run_moe(8)
-
-
-@pytest.mark.parametrize("fp8", [FN, FNUZ], ids=["fn", "fnuz"])
-@pytest.mark.parametrize("act", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-def test_per_token_quantization_is_the_references_bit_for_bit(act, fp8) -> None:
-    """The entry's one-reduction row maxima give the reference's scales and codes exactly, rows
-    of zeros and of tiny and large values included."""
-    from aiter.ops.moe.entry import _quantize_per_token
-    from op_tests.moe.reference import per_token_quant
-
-    gen = torch.Generator().manual_seed(7)
-    x = torch.randn(64, 512, generator=gen) * torch.logspace(-12, 4, 512)[torch.randperm(512)]
-    x = x.to(act)
-    x[3] = 0
-    q, scale = _quantize_per_token(x, fp8)
-    q_ref, scale_ref = per_token_quant(x, fp8)
-    assert scale.dtype == torch.float32 and scale.shape == (64, 1)
-    assert torch.equal(scale, scale_ref)
-    assert torch.equal(q.view(torch.uint8), q_ref.view(torch.uint8))

@@ -10,6 +10,7 @@ import torch
 
 from aiter import capture, device, dispatch, jit_monitor
 from aiter.ops.moe import host_planner as moe_host
+from aiter.ops.moe.kernels.quant_index import MAX_K as QUANT_MAX_K
 from aiter.ops.moe.kernels.sorting_index import MAX_TOPK
 from aiter.ops.moe.kernels.stages_index import (
     ELEMENTWISE_BLOCK,
@@ -212,14 +213,15 @@ def moe_sorting(
 
 
 def _quantize_per_token(x: torch.Tensor, fp8: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row fp8 quantization (torch ops): x ~= q * scale, scale fp32 [rows, 1]. The row maxima
-    of |x| come from one reduction that widens to fp32 as it reads (exact: the maxima are values
-    of x), and `x / scale` divides in fp32 by type promotion: no fp32 copy of x is made."""
-    inf = float("inf")
-    amax = torch.linalg.vector_norm(x, inf, dim=-1, keepdim=True, dtype=torch.float32)
-    amax = amax.clamp(min=1e-10)
-    scale = amax / torch.finfo(fp8).max
-    return (x / scale).to(fp8), scale
+    """Per-row fp8 quantization in one FlyDSL launch: x ~= q * scale, scale fp32 [rows, 1]
+    (op_tests/moe/reference.py per_token_quant is its arithmetic)."""
+    from aiter.ops.moe.kernels.quant import launch_moe_quant_per_token
+
+    rows, cols = x.shape
+    q = torch.empty((rows, cols), dtype=fp8, device=x.device)
+    scale = torch.empty((rows, 1), dtype=torch.float32, device=x.device)
+    launch_moe_quant_per_token(x, q, scale, stream=device.current_stream())
+    return q, scale
 
 
 def _shape(
@@ -257,6 +259,11 @@ def _shape(
             f"{w1.dtype} weights, got {inter}"
         )
     _check("w2", w2, w_dtypes, (experts, model_dim, inter))
+    if quantized and max(model_dim, inter) > QUANT_MAX_K:
+        raise ValueError(
+            f"hidden_states, w1: per-token quantization serves model_dim and inter_dim up to "
+            f"{QUANT_MAX_K}, got model_dim = {model_dim} and inter_dim = {inter}"
+        )
     global_experts = (
         experts if expert_mask is None else int(_tensor("expert_mask", expert_mask).numel())
     )

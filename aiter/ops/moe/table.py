@@ -4,6 +4,7 @@ shared by the runtime lookup, the table generator and the AOT replay. Light: no 
 
 from __future__ import annotations
 
+from aiter.ops.moe.kernels.quant_index import MAX_K as QUANT_MAX_K
 from aiter.ops.moe.kernels.sorting_index import MAX_TOPK
 from aiter.ops.moe.kernels.stages_index import (
     INTER_DIM_MULTIPLE,
@@ -72,6 +73,16 @@ def _fp8_inter_dim(row):
     return None
 
 
+def _quantized_row_length(row):
+    """Per-token quantization holds a row of model_dim (inter_dim) in one block's registers."""
+    if row.cells["q_type"] != QUANT_PER_TOKEN:
+        return None
+    for column in ("model_dim", "inter_dim"):
+        if PARSERS["int"](row.cells[column]) > QUANT_MAX_K:
+            return column, f"at most {QUANT_MAX_K} for per-token quantization"
+    return None
+
+
 def _cells(names: tuple[str, ...]) -> tuple[str, ...]:
     """How a dtype is written in a table cell: str(torch dtype)."""
     return tuple(f"torch.{name}" for name in names)
@@ -132,5 +143,5 @@ FMOE = TableSpec(
     axis=TOKENS_AXIS,
     open_choices=CALLER_VARIANTS,
     exclude={"_tag": (FALLBACK_TAG,), "run_1stage": ("1", "True", "true", "1.0")},
-    row_checks=(_fp8_inter_dim,),
+    row_checks=(_fp8_inter_dim, _quantized_row_length),
 )
