@@ -386,6 +386,8 @@ def test_gpt_oss_shards_are_served(table, inter):
         ((2880, 360), True, r"w1: inter_dim .* multiple of 16 for torch.float8_e4m3fnuz weights"),
         ((2000, 256), False, r"hidden_states: model_dim = hidden_states.shape\[1\] must be a "
                              r"positive multiple of 64, got 2000"),
+        ((16448, 256), True, r"hidden_states, w1: per-token quantization serves model_dim and "
+                             r"inter_dim up to 16384, got model_dim = 16448 and inter_dim = 256"),
     ],
 )  # fmt: skip
 def test_shapes_the_kernels_cannot_serve_are_refused_before_any_launch(
@@ -437,3 +439,14 @@ def test_rows_the_kernels_cannot_serve_are_refused_at_load(table, column, value,
     assert str(info.value) == message
     with pytest.raises(TableError, match=re.escape(message)):  # a call loads the table first
         run_moe(8)
+
+
+def test_quantized_rows_longer_than_a_block_holds_are_refused_at_load(table):
+    quantized = {"q_type": "QuantType.per_Token", "q_dtype_a": "torch.float8_e4m3fnuz",
+                 "q_dtype_w": "torch.float8_e4m3fnuz"}  # fmt: skip
+    path = table({"token": "64", **quantized, "model_dim": "16448"})
+    message = (f"{path}:2: column 'model_dim': expected at most 16384 for per-token "
+               "quantization, found '16448'")  # fmt: skip
+    with pytest.raises(TableError) as info:
+        FMOE.load()
+    assert str(info.value) == message
