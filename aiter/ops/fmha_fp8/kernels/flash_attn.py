@@ -82,6 +82,7 @@ from aiter.ops.fmha_fp8.kernels.flash_attn_index import (
     ws_out_offset,
 )
 from aiter.ops.shared import SOURCES_DIGEST as SHARED_HELPERS
+from aiter.ops.shared.fp8_pack import pack_fp8
 from aiter.ops.shared.gemm_blocks import check_mma, load_run, to_stream
 from aiter.ops.shared.kernel_tensors import kernel_tensors
 from aiter.ops.shared.launch_args import check_rank, check_tensor
@@ -202,23 +203,6 @@ def _scores(mma: str, lds_ptr, k_base: int, head_dim: int, lane, q_ops):
     return accs
 
 
-def _pack_fp8(values):
-    """fp32 values (a multiple of 4) rounded to the arch's fp8 (v_cvt_pk_fp8_f32, round to
-    nearest even), four per 32-bit word in order."""
-    words = []
-    for w in range_constexpr(len(values) // 4):
-        word = rocdl.cvt_pk_fp8_f32(
-            fx.Int32.ir_type, values[4 * w].ir_value(), values[4 * w + 1].ir_value(),
-            fx.Int32(0).ir_value(), False,
-        )  # fmt: skip
-        word = rocdl.cvt_pk_fp8_f32(
-            fx.Int32.ir_type, values[4 * w + 2].ir_value(), values[4 * w + 3].ir_value(), word,
-            True,
-        )  # fmt: skip
-        words.append(fx.Int32(word))
-    return words
-
-
 def _words_operand(mma: str, words):
     """An MMA operand from 32-bit words: an i64 for MFMA (2 words), 8 x i32 for WMMA."""
     vec = fx.Vector.from_elements(words, fx.Int32)
@@ -236,7 +220,7 @@ def _p_operands(mma: str, probs):
         values = []
         for t in range_constexpr(s * per, (s + 1) * per):
             values += probs[t]
-        ops.append(_words_operand(mma, _pack_fp8(values)))
+        ops.append(_words_operand(mma, pack_fp8(values)))
     return ops
 
 

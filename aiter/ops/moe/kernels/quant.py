@@ -30,6 +30,7 @@ from aiter.ops.moe.kernels.quant_index import (
     xor_offsets,
 )
 from aiter.ops.shared import SOURCES_DIGEST as SHARED_HELPERS
+from aiter.ops.shared.fp8_pack import pack_fp8
 from aiter.ops.shared.gemm_blocks import to_stream
 from aiter.ops.shared.kernel_tensors import kernel_tensors
 from aiter.ops.shared.launch_args import check_int, check_rank, check_tensor
@@ -51,22 +52,6 @@ def _arch() -> str:
 
 def _wave_size() -> int:
     return 32 if _arch().startswith("gfx12") else 64
-
-
-def _pack_fp8(values):
-    """Four fp32 values per 32-bit word of the arch's fp8 (round to nearest even), in order."""
-    words = []
-    for w in range_constexpr(len(values) // 4):
-        word = rocdl.cvt_pk_fp8_f32(
-            fx.Int32.ir_type, values[4 * w].ir_value(), values[4 * w + 1].ir_value(),
-            fx.Int32(0).ir_value(), False,
-        )  # fmt: skip
-        word = rocdl.cvt_pk_fp8_f32(
-            fx.Int32.ir_type, values[4 * w + 2].ir_value(), values[4 * w + 3].ir_value(), word,
-            True,
-        )  # fmt: skip
-        words.append(fx.Int32(word))
-    return words
 
 
 def _store_words(buf, valid, byte, words):
@@ -120,7 +105,7 @@ def moe_quant_per_token_kernel(
     for c in range_constexpr(chunks):
         start = run_start(c, tid)
         values = [runs[c][v] / row_scale for v in range_constexpr(VEC)]
-        _store_words(q_row, start < k, start, _pack_fp8(values))
+        _store_words(q_row, start < k, start, pack_fp8(values))
 
 
 @flyc.jit
