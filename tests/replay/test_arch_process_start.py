@@ -65,12 +65,17 @@ def test_a_forked_arch_process_runs_the_arch_process_main(tmp_path, monkeypatch,
 
 @pytest.mark.slow
 def test_warming_up_reads_nothing_an_arch_decides():
-    """After `warm_up` the driver has imported every family's runtime but resolved no FlyDSL
-    target, read no cache directory, entered no dry run and read no serving setting."""
+    """After `warm_up` the driver has imported every family's runtime, its kernel modules
+    included, but resolved no FlyDSL target, read no cache directory, entered no dry run and
+    read no serving setting."""
     script = textwrap.dedent("""
-        import sys
+        import pkgutil, sys
+        import aiter.ops
         from aiter.aot.flydsl import arch_process, registry
         arch_process.warm_up(registry.MODULES.values())
+        kernels = [info.name for info in pkgutil.walk_packages(aiter.ops.__path__, "aiter.ops.")
+                   if ".kernels." in info.name]
+        assert kernels and all(k in sys.modules for k in kernels), kernels
         import flydsl.runtime.device as device
         from aiter.aot.flydsl import dry_run
         from aiter import jit_monitor

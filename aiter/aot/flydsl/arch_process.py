@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import pkgutil
 import signal
 import subprocess
 import sys
@@ -43,21 +44,36 @@ def can_fork() -> bool:
 def warm_up(module_paths: Iterable[str]) -> None:
     """Import, without calling, what every arch process loads before its first job: torch and
     torch._dynamo, the dry run and naming, FlyDSL's jit machinery, every operator entry of
-    aiter, each AOT module and the packages it declares as its runtime."""
+    aiter and their kernel modules, each AOT module and the packages it declares as its
+    runtime."""
     import torch
     import torch._dynamo  # noqa: F401  (what FakeTensorMode imports at its first use)
 
-    import aiter
     from aiter.aot.flydsl import dry_run, naming, registry  # noqa: F401
     from aiter.flydsl_bridge import internals
 
     internals.jit_function()
-    for module in sorted(set(aiter._ENTRIES.values())):
-        importlib.import_module(module)
+    import_operators()
     for path in module_paths:
         for package in registry.load(path).sources:
             importlib.import_module(package)
     torch.set_num_threads(1)  # as every arch process sets it
+
+
+def import_operators() -> None:
+    """Every operator entry of aiter and every module of its package's `kernels`: an entry
+    imports its kernels at their first call, and each module costs 10-20 ms of FlyDSL's kernel
+    rewriting, which every forked naming worker would pay again."""
+    import aiter
+
+    for module in sorted(set(aiter._ENTRIES.values())):
+        importlib.import_module(module)
+        try:
+            kernels = importlib.import_module(f"{module.rpartition('.')[0]}.kernels")
+        except ModuleNotFoundError:
+            continue
+        for info in pkgutil.iter_modules(kernels.__path__, f"{kernels.__name__}."):
+            importlib.import_module(info.name)
 
 
 class ForkedProcess:
