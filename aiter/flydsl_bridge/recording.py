@@ -80,6 +80,9 @@ def record_launches(mode: str) -> Iterator[list[KernelRequest]]:
     self_test_once()
     jf = jit_function()
     requests: list[KernelRequest] = []
+    # JitFunctions whose cache manager this block has set up: the environment it reads is the
+    # block's, so once per kernel, not at every launch.
+    managed: set[int] = set()
     original_get = jf.JitCacheManager.get
     original_lock = jf.JitCacheManager.compile_lock
     original_call = jf.JitFunction._compile_or_execute
@@ -105,12 +108,14 @@ def record_launches(mode: str) -> Iterator[list[KernelRequest]]:
 
         if ir.Context.current is not None:  # a nested jit call while tracing
             return original_call(self, args, kwargs, **options)
-        self._ensure_cache_manager(None)
-        if self.cache_manager is None:
-            raise ReplayHookBroken(
-                "FlyDSL's disk cache is off (FLYDSL_RUNTIME_ENABLE_CACHE=0 or an empty "
-                f"{ENV_CACHE_DIR}); the AOT builder needs it on"
-            )
+        if id(self) not in managed:
+            self._ensure_cache_manager(None)
+            if self.cache_manager is None:
+                raise ReplayHookBroken(
+                    "FlyDSL's disk cache is off (FLYDSL_RUNTIME_ENABLE_CACHE=0 or an empty "
+                    f"{ENV_CACHE_DIR}); the AOT builder needs it on"
+                )
+            managed.add(id(self))
         memo = _memo_of(self) if mode == MODE_NAME else None
         fast_key = _fast_key(memo, args, kwargs)
         if fast_key is not None and fast_key in memo[2]:

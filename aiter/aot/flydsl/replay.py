@@ -43,9 +43,10 @@ from aiter.aot.flydsl.protocol import (
 
 DEFAULT_COMPILE_SECONDS = 1.0  # estimate for a kernel function no earlier build has timed
 # Jobs a naming worker takes at once: enough that a fork's start-up is paid rarely (its first
-# job costs 10-20 ms more, in pages copied from the arch process as it touches them), few enough
-# that every worker gets several chunks and compiles interleave with naming.
-MIN_NAMING_CHUNK, MAX_NAMING_CHUNK, CHUNKS_PER_WORKER = 8, 256, 4
+# job costs 10-20 ms more, in pages copied from the arch process as it touches them, and its
+# memos of launch keys and inputs start from the arch process's), few enough that every worker
+# gets several chunks and compiles interleave with naming.
+MIN_NAMING_CHUNK, MAX_NAMING_CHUNK, CHUNKS_PER_WORKER = 8, 1024, 4
 USAGE = "run an AOT module instead, e.g. python -m aiter.aot.flydsl"
 
 
