@@ -175,8 +175,12 @@ def test_ops_take_the_direct_path():
     with DryRunFakeMode():
         x = torch.empty(4, 8, dtype=torch.bfloat16)
         x.abs().view(8, 4)
+        torch.zeros(3, dtype=torch.int32)
     routes = fake_mode._routes
-    assert routes[torch.ops.aten.empty.memory_format][0] == _FACTORY
+    empty = torch.ops.aten.empty.memory_format
+    # Factories of no tensor argument skip the argument walk; a zeros is an empty on meta.
+    assert routes[empty] == (_FACTORY, (empty, True))
+    assert routes[torch.ops.aten.zeros.default] == (_FACTORY, (empty, True))
     assert routes[torch.ops.aten.abs.default][0] == _META
     assert routes[torch.ops.aten.view.default][0] != _SLOW
 

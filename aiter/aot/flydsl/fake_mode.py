@@ -100,6 +100,9 @@ def _first_impl(func: OpOverload) -> Any:
     return None
 
 
+_META_FACTORY = {torch.ops.aten.zeros.default: torch.ops.aten.empty.memory_format}
+
+
 def _route(func: Any, mode: FakeTensorMode) -> tuple[str, Any]:
     """How to settle `func` when no argument is a constant or symbolic, decided once per op: the
     branches torch's `_dispatch_impl` takes, except that views run their C++ meta kernel and
@@ -131,7 +134,12 @@ def _route(func: Any, mode: FakeTensorMode) -> tuple[str, Any]:
             and all(a.kwarg_only for a in device_args)
             and not should_allow_numbers_as_tensors(func)
         )
-        return (_FACTORY, None) if plain else (_SLOW, None)
+        if not plain:
+            return _SLOW, None
+        # A factory of no tensor argument needs no look at its arguments; on the meta device a
+        # zeros is an empty (there are no values to fill).
+        tensorless = not any("Tensor" in str(a.type) for a in func._schema.arguments)
+        return _FACTORY, (_META_FACTORY.get(func, func), tensorless)
     if impl is not None:
         return _IMPL, impl
     return (_META, None) if has_meta(func) else (_SLOW, None)
@@ -403,6 +411,14 @@ class DryRunFakeMode(FakeTensorMode):
                 return None
         return fakes
 
+    def _factory(self, meta_op: OpOverload, args, kwargs) -> FakeTensor:
+        """A factory's output: `meta_op` on the meta device, made fake on the asked device."""
+        device = kwargs.get("device")
+        meta_kwargs = {**kwargs, "device": torch.device("meta")}
+        with _InKernel(self):
+            out = meta_op(*args, **meta_kwargs)
+        return self.new_fake(out, device if device is not None else torch.device("cpu"))
+
     def dispatch(
         self,
         func: OpOverload,
@@ -420,6 +436,8 @@ class DryRunFakeMode(FakeTensorMode):
         if kind is _LIFT:
             lifted = self._lift(args, kwargs)
             return super().dispatch(func, types, args, kwargs) if lifted is None else lifted
+        if kind is _FACTORY and impl[1]:
+            return self._factory(impl[0], args, kwargs)
         leaves = _leaves(args, kwargs)
         fakes = None if leaves is None else self._plain(leaves)
         if fakes is None:
@@ -427,11 +445,7 @@ class DryRunFakeMode(FakeTensorMode):
         if kind is _FACTORY:
             if fakes:
                 return super().dispatch(func, types, args, kwargs)
-            device = kwargs.get("device")
-            meta_kwargs = {**kwargs, "device": torch.device("meta")}
-            with _InKernel(self):
-                out = func(*args, **meta_kwargs)
-            return self.new_fake(out, device if device is not None else torch.device("cpu"))
+            return self._factory(impl[0], args, kwargs)
         if not fakes and should_allow_numbers_as_tensors(func):
             return super().dispatch(func, types, args, kwargs)  # torch's constant path
         memo_key = None
