@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import importlib
 import os
-import pkgutil
 import signal
 import subprocess
 import sys
@@ -24,6 +23,7 @@ import traceback
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from aiter.aot.flydsl import operators
 from aiter.aot.flydsl.protocol import EXIT_INTERRUPTED
 from aiter.aot.flydsl.workers import exit_child, fork
 
@@ -53,27 +53,11 @@ def warm_up(module_paths: Iterable[str]) -> None:
     from aiter.flydsl_bridge import internals
 
     internals.jit_function()
-    import_operators()
+    operators.import_all()
     for path in module_paths:
         for package in registry.load(path).sources:
             importlib.import_module(package)
     torch.set_num_threads(1)  # as every arch process sets it
-
-
-def import_operators() -> None:
-    """Every operator entry of aiter and every module of its package's `kernels`: an entry
-    imports its kernels at their first call, and each module costs 10-20 ms of FlyDSL's kernel
-    rewriting, which every forked naming worker would pay again."""
-    import aiter
-
-    for module in sorted(set(aiter._ENTRIES.values())):
-        importlib.import_module(module)
-        try:
-            kernels = importlib.import_module(f"{module.rpartition('.')[0]}.kernels")
-        except ModuleNotFoundError:
-            continue
-        for info in pkgutil.iter_modules(kernels.__path__, f"{kernels.__name__}."):
-            importlib.import_module(info.name)
 
 
 class ForkedProcess:

@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from aiter.aot.flydsl import arch_process, registry
+from aiter.aot.flydsl import operators, registry
 from aiter.aot.flydsl.audit import audit
 from aiter.aot.flydsl.capture_jobs import capture_jobs
 from aiter.aot.flydsl.entries import EntryAudit
@@ -333,7 +333,7 @@ def replay_arch(
         # The operators' modules are imported and the first job of each table is named here,
         # so imports, FakeTensorMode and FlyDSL's state for every kernel family are warm in
         # the workers forked afterwards.
-        arch_process.import_operators()
+        operators.import_all()
         firsts = list(
             {(j.info.module, j.info.table): i for i, j in reversed(list(enumerate(jobs)))}.values()
         )
