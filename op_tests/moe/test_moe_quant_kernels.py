@@ -18,7 +18,6 @@ from op_tests.moe.reference import per_token_quant
 
 ARCHS = ("gfx942", "gfx950", "gfx1250")
 WAVE_SIZE = {"gfx942": 64, "gfx950": 64, "gfx1250": 32}
-FP8 = {"gfx942": torch.float8_e4m3fnuz, "gfx950": torch.float8_e4m3fn}
 
 
 # --- the kernel, emulated on CPU ---------------------------------------------------------
@@ -36,7 +35,7 @@ def emulate_block(x_row: torch.Tensor, fp8: torch.dtype, wave_size: int):
     q, the words of the row's scale written)."""
     k = x_row.numel()
     chunks = ix.chunks_for(k)
-    fp8_max = torch.tensor(ix.FP8_MAX["gfx942" if fp8 == torch.float8_e4m3fnuz else "gfx950"])
+    fp8_max = torch.tensor(torch.finfo(fp8).max)
     runs = []  # runs[tid][c]: VEC fp32 values, zeros past the row (a buffer load's zero)
     for tid in range(ix.THREADS):
         mine = []
@@ -182,14 +181,15 @@ _ISA_CHILD = """
 import json, os, sys
 import torch
 from flydsl.runtime.device import get_rocm_arch
-from aiter.ops.moe.kernels.quant import fp8_dtype_of, launch_moe_quant_per_token
+from aiter.arch import get_arch
+from aiter.ops.moe.kernels.quant import launch_moe_quant_per_token
 
 root = sys.argv[1]
 os.environ["FLYDSL_DEBUG_DUMP_ASM"] = "1"
 for i, (k, dtype) in enumerate(json.loads(sys.argv[2])):
     os.environ["FLYDSL_DUMP_DIR"] = os.path.join(root, str(i))
     x = torch.empty(3, k, dtype=getattr(torch, dtype))
-    q = torch.empty(3, k, dtype=fp8_dtype_of(get_rocm_arch()))
+    q = torch.empty(3, k, dtype=get_arch(get_rocm_arch()).fp8_dtype)
     launch_moe_quant_per_token(x, q, torch.empty(3, 1))
 """
 

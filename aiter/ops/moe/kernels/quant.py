@@ -17,8 +17,8 @@ from flydsl.expr import math as fxmath
 from flydsl.expr import range_constexpr, rocdl
 from flydsl.runtime.device import get_rocm_arch
 
+from aiter.arch import get_arch
 from aiter.ops.moe.kernels.quant_index import (
-    FP8_MAX,
     K_MULTIPLE,
     MAX_K,
     SCALE_FLOOR,
@@ -38,20 +38,11 @@ from aiter.ops.shared.mainloop import buffer_rows, load_chunk
 from aiter.ops.shared.mainloop_index import OUT_OF_RANGE
 
 ACTIVATION_DTYPES = (torch.bfloat16, torch.float16)
-# The fp8 each arch's v_cvt_pk_fp8_f32 writes.
-FP8_DTYPES = {
-    "gfx942": torch.float8_e4m3fnuz,
-    "gfx950": torch.float8_e4m3fn,
-    "gfx1250": torch.float8_e4m3fn,
-}
 
 
-def _arch() -> str:
-    return get_rocm_arch().split(":")[0]
-
-
-def _wave_size() -> int:
-    return 32 if _arch().startswith("gfx12") else 64
+def _fp8_dtype() -> torch.dtype:
+    """The fp8 the target arch's v_cvt_pk_fp8_f32 writes (FNUZ on gfx942, OCP elsewhere)."""
+    return get_arch(get_rocm_arch()).fp8_dtype
 
 
 def _store_words(buf, valid, byte, words):
@@ -73,7 +64,7 @@ def moe_quant_per_token_kernel(
     chunks: fx.Constexpr[int],
 ):
     """Block r: scale[r] = max(max |x[r]|, SCALE_FLOOR) / fp8_max, q[r] = fp8(x[r] / scale[r])."""
-    wave_size = _wave_size()
+    wave_size = get_arch(get_rocm_arch()).wave_size
     tid, row = fx.thread_idx.x, fx.block_idx.x
     one = fx.Int32(1)
     x_row = buffer_rows(fx.get_iter(x), row, one, k, 2, tile_rows=1)
@@ -98,7 +89,8 @@ def moe_quant_per_token_kernel(
     amax = fx.Float32(fx.ptr_load(lds))
     for w in range_constexpr(1, waves):
         amax = fx.maxnumf(amax, fx.Float32(fx.ptr_load(lds + w)))
-    row_scale = fx.maxnumf(amax, fx.Float32(SCALE_FLOOR)) / fx.Float32(FP8_MAX[_arch()])
+    fp8_max = torch.finfo(_fp8_dtype()).max
+    row_scale = fx.maxnumf(amax, fx.Float32(SCALE_FLOOR)) / fx.Float32(fp8_max)
     scale_row = buffer_rows(fx.get_iter(scale), row, one, one, 4, tile_rows=1)
     _store_words(scale_row, tid == 0, 0, [row_scale.bitcast(fx.Int32)])
     q_row = buffer_rows(fx.get_iter(q), row, one, k, 1, tile_rows=1)
@@ -127,10 +119,6 @@ def moe_quant_per_token(
 # --- host side ---------------------------------------------------------------------------------
 
 
-def fp8_dtype_of(arch: str) -> torch.dtype:
-    return FP8_DTYPES[arch.split(":")[0]]
-
-
 def launch_moe_quant_per_token(
     x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, *, stream: Any | None = None
 ) -> None:
@@ -154,7 +142,7 @@ def launch_moe_quant_per_token(
     if k % K_MULTIPLE:
         raise ValueError(f"x: K = x.shape[1] must be a multiple of {K_MULTIPLE}, got {k}")
     check_tensor("x", x, ACTIVATION_DTYPES, (rows, k), "[rows, K]")
-    check_tensor("q", q, fp8_dtype_of(get_rocm_arch()), (rows, k), "[rows, K]")
+    check_tensor("q", q, _fp8_dtype(), (rows, k), "[rows, K]")
     check_tensor("scale", scale, torch.float32, (rows, 1), "[rows, 1]")
     if rows == 0:
         return

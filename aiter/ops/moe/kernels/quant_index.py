@@ -8,8 +8,9 @@ q written once (3 bytes of traffic per element, the least there is).
 
 The row maximum of |x|: each thread's maximum over its runs, then the wave's by xor shuffles
 (offsets wave_size / 2 ... 1), then the block's from one LDS word per wave. scale =
-max(amax, SCALE_FLOOR) / fp8_max and q = x / scale rounded to the arch's fp8, the torch
-reference's arithmetic step by step (an fp32 division, not a multiply by a reciprocal).
+max(amax, SCALE_FLOOR) / fp8_max (torch.finfo of the arch's fp8) and q = x / scale rounded to
+the arch's fp8, the torch reference's arithmetic step by step (an fp32 division, not a multiply
+by a reciprocal).
 """
 
 from __future__ import annotations
@@ -21,9 +22,6 @@ MAX_CHUNKS = 8  # runs per thread: the row's fp32 values take 8 VGPRs per run
 MAX_K = MAX_CHUNKS * ROW_STEP
 K_MULTIPLE = VEC  # a run is wholly inside the row or wholly past it
 SCALE_FLOOR = 1e-10  # the scale of a row of zeros is SCALE_FLOOR / fp8_max
-
-# The largest finite value of each arch's fp8 (e4m3): FNUZ on gfx942, OCP elsewhere.
-FP8_MAX = {"gfx942": 240.0, "gfx950": 448.0, "gfx1250": 448.0}
 
 
 def chunks_for(k: int) -> int:
