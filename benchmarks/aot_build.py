@@ -30,7 +30,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from aiter.aot.flydsl.protocol import ArchReport, from_json  # noqa: E402
+from aiter.aot.flydsl.jobs.records import ArchReport, from_json  # noqa: E402
 
 
 def run(args: list[str], env: dict[str, str]) -> tuple[float, list[ArchReport]]:

@@ -30,6 +30,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+from compile_env import child_env  # noqa: E402
 
 from aiter.arch import ARCHS  # noqa: E402
 from aiter.flydsl_bridge import listing as isa  # noqa: E402
@@ -316,19 +319,6 @@ def _child(arch: str, root: Path) -> None:
 
 
 # --- the parent ------------------------------------------------------------------------------
-
-
-def child_env(arch: str, cache: Path, rocm_path: str | None = None) -> dict:
-    """The child's environment: FlyDSL targets `arch` without a GPU and links with the
-    AMDGPU linker under `rocm_path` (default: aiter.toolchain.find_linker()'s)."""
-    from aiter import flydsl_bridge as bridge
-    from aiter.toolchain import find_linker
-
-    env = dict(os.environ)
-    env.update(bridge.target_env(arch))  # ARCH, FLYDSL_GPU_ARCH, COMPILE_ONLY=1
-    env.update(ROCM_PATH=rocm_path or str(find_linker().rocm_path), PYTHONPATH=str(REPO))
-    env[bridge.ENV_CACHE_DIR] = str(cache)
-    return env
 
 
 def _run_child(

@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from aiter.aot.flydsl.protocol import (  # noqa: E402
+from aiter.aot.flydsl.jobs.records import (  # noqa: E402
     ArchReport,
     JobInfo,
     JobResult,

@@ -80,7 +80,7 @@ def kernel_facts(text: str) -> dict:
 
 
 def profile_arch(arch: str) -> dict[str, dict]:
-    from kernel_profile import child_env
+    from compile_env import child_env
 
     with tempfile.TemporaryDirectory(prefix="sorting_profile_") as tmp:
         root = Path(tmp)

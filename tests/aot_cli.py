@@ -56,7 +56,7 @@ def lines_starting(text: str, prefix: str) -> list[str]:
 
 def read_report(path) -> list:
     """The ArchReports of a `--report` JSON document."""
-    from aiter.aot.flydsl.protocol import ArchReport, from_json
+    from aiter.aot.flydsl.jobs.records import ArchReport, from_json
 
     document = json.loads(Path(path).read_text())
     return [from_json(ArchReport, arch) for arch in document["archs"]]

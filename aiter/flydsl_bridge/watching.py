@@ -17,7 +17,9 @@ from aiter.flydsl_bridge.requests import KernelRequest, compile_time_params
 
 # How FlyDSL's error on a miss under FLYDSL_RUNTIME_RUN_ONLY=1 begins (serving_self_test finds it).
 RUN_ONLY_MISS = f"{ENV_RUN_ONLY}=1 but no usable AOT cache for "
-AOT_BUILD_MAIN = "aiter.aot.flydsl.replay"  # the builder's per-arch process, run with python -m
+AOT_BUILD_MAIN = (
+    "aiter.aot.flydsl.replay.arch_process"  # the builder's per-arch process, run with python -m
+)
 # JitFunction internals the serving hooks use, beside those of _REQUIRED.
 _SERVING_REQUIRED = (
     "JitFunction.__call__",
@@ -79,7 +81,7 @@ def mark_aot_build() -> None:
 
 def in_aot_build() -> bool:
     """Whether this process is the AOT builder's per-arch process (`python -m
-    aiter.aot.flydsl.replay`, or forked by the driver and marked) or one of the workers it
+    aiter.aot.flydsl.replay.arch_process`, or forked by the driver and marked) or one of the workers it
     forks: there compiling is the point."""
     if _marked_aot_build:
         return True

@@ -450,8 +450,8 @@ def test_a_bad_kernel_name_is_still_a_table_error(tmp_path, monkeypatch, run):
 def test_the_replay_reports_a_row_torch_serves_unreached(tmp_path, monkeypatch):
     """What `--list` prints for the row: UNREACHED, served by torch, no kernel (not FAIL)."""
     from aiter.aot.flydsl import gemm as gemm_module
-    from aiter.aot.flydsl.naming import name_job
-    from aiter.aot.flydsl.protocol import Tag
+    from aiter.aot.flydsl.jobs.records import Tag
+    from aiter.aot.flydsl.replay.naming import name_job
 
     path = _extra_table(
         tmp_path,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aiter.aot.flydsl.capture_axis import CaptureError, resized
+from aiter.aot.flydsl.jobs.axes import CaptureError, resized
 
 
 def _tensor(shape, stride):

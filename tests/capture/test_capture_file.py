@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from aiter import capture
-from aiter.aot.flydsl.capture_file import current_versions, read_captures
+from aiter.aot.flydsl.capture.files import current_versions, read_captures
 
 
 def line(op="gemm_a16w16", m=8, **overrides) -> str:

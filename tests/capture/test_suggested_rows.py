@@ -11,8 +11,8 @@ import pytest
 from aiter import capture, dispatch
 from aiter import flydsl_bridge as bridge
 from aiter.aot.flydsl import registry
-from aiter.aot.flydsl.capture import suggested_rows
-from aiter.aot.flydsl.capture_file import CapturedCall, CaptureRead
+from aiter.aot.flydsl.capture.cli import suggested_rows
+from aiter.aot.flydsl.capture.files import CapturedCall, CaptureRead
 from aiter.aot.flydsl.dry_run import dry_run
 from aiter.tuning import CONFIG_DIR_ENV
 

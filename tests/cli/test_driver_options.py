@@ -10,7 +10,7 @@ import os
 import pytest
 
 from aiter.aot.flydsl import registry
-from aiter.aot.flydsl.options import UsageError, assign_csv, parse
+from aiter.aot.flydsl.execution.options import UsageError, assign_csv, parse
 from aiter.ops.gemm.table import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16
 
 SPECS = [A16W16, A8W8_BPRESHUFFLE, A8W8_BLOCKSCALE]
@@ -109,7 +109,7 @@ def test_an_extra_module_named_twice_is_one_module(monkeypatch) -> None:
 MODULE_SOURCE = """
 from pathlib import Path
 
-from aiter.aot.flydsl.jobs import Family
+from aiter.aot.flydsl.jobs.family import Family
 from aiter.tuning import BucketAxis, Column, TableSpec
 
 TABLE = TableSpec(
@@ -143,8 +143,8 @@ def csv_module(tmp_path, monkeypatch, request):
 
 
 def test_csv_extends_the_build_not_the_environment(csv_module, tmp_path, capsys) -> None:
-    from aiter.aot.flydsl.options import parse
-    from aiter.aot.flydsl.protocol import Mode
+    from aiter.aot.flydsl.execution.options import parse
+    from aiter.aot.flydsl.jobs.records import Mode
 
     before = dict(os.environ)
     mine = str(tmp_path / "mine.csv")
@@ -166,7 +166,7 @@ def test_csv_extends_the_build_not_the_environment(csv_module, tmp_path, capsys)
 
 
 def test_without_csv_the_targets_are_the_tables_own(csv_module, tmp_path) -> None:
-    from aiter.aot.flydsl.options import parse
+    from aiter.aot.flydsl.execution.options import parse
 
     build = parse([csv_module], ["--list", "--cache-dir", str(tmp_path / "cache")])
     assert build.extra_tables == {} and build.table_env() == {}
@@ -174,8 +174,8 @@ def test_without_csv_the_targets_are_the_tables_own(csv_module, tmp_path) -> Non
 
 
 def test_the_fingerprint_covers_the_csv_file(csv_module, tmp_path) -> None:
-    from aiter.aot.flydsl import memo
-    from aiter.aot.flydsl.options import parse
+    from aiter.aot.flydsl.execution import memo
+    from aiter.aot.flydsl.execution.options import parse
 
     mine = tmp_path / "mine.csv"
     argv = ["--csv", f"opt={mine}", "--cache-dir", str(tmp_path / "cache")]

@@ -1,4 +1,4 @@
-"""Tests of aiter.aot.flydsl.fingerprint: which changes move the fingerprint and which do not,
+"""Tests of aiter.aot.flydsl.execution.fingerprint: which changes move the fingerprint and which do not,
 the files and variables it covers, and that it stays light (no torch, milliseconds).
 """
 
@@ -15,8 +15,13 @@ from pathlib import Path
 import pytest
 
 from aiter import flydsl_bridge as bridge
-from aiter.aot.flydsl import fingerprint
-from aiter.aot.flydsl.fingerprint import FingerprintInputs, compute, describe, fingerprint_env
+from aiter.aot.flydsl.execution import fingerprint
+from aiter.aot.flydsl.execution.fingerprint import (
+    FingerprintInputs,
+    compute,
+    describe,
+    fingerprint_env,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -247,7 +252,7 @@ def test_hashing_the_package_takes_milliseconds() -> None:
 def test_importing_fingerprint_does_not_import_torch() -> None:
     code = (
         "import sys\n"
-        "from aiter.aot.flydsl import fingerprint as f\n"
+        "from aiter.aot.flydsl.execution import fingerprint as f\n"
         "i = f.FingerprintInputs(tuple(f.package_sources()), (), f.fingerprint_env(),"
         " f.package_versions(), ('gfx942',), ())\n"
         "f.compute(i); f.describe(i)\n"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from aiter.aot.flydsl import fingerprint
+from aiter.aot.flydsl.execution import fingerprint
 from aiter.flydsl_bridge import manifest
 from tests.aot_cli import REPO, lines_starting, read_report, run_aot, run_aot_together
 
@@ -209,7 +209,7 @@ def test_the_fingerprint_covers_aiter_sources_and_the_module(base):
     _, setups = base
     recorded, inputs = _recorded_inputs(setups["main"][0])
     described = manifest.read(setups["main"][0]).builds[BUILD_KEY].inputs
-    assert "aiter/aot/flydsl/replay.py" in described["sources"]
+    assert "aiter/aot/flydsl/replay/arch_process.py" in described["sources"]
     assert "tests/fixtures/axis_family.py" in described["sources"]
     assert ("FLYDSL_COMPILE_OPT_LEVEL", os.environ.get("FLYDSL_COMPILE_OPT_LEVEL", "")) in (
         inputs.env

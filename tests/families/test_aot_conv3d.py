@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from aiter.aot.flydsl.protocol import ArchReport, JobResult
+from aiter.aot.flydsl.jobs.records import ArchReport, JobResult
 from aiter.ops.conv3d.table import CONV3D
 from tests.aot_cli import (
     lines_starting,

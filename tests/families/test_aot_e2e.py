@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from aiter.aot.flydsl.protocol import ArchReport
+from aiter.aot.flydsl.jobs.records import ArchReport
 from aiter.flydsl_bridge import manifest
 from aiter.ops.gemm.table import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16
 from tests.aot_cli import REPO, lines_starting, read_report, run_aot

@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from aiter.aot.flydsl.protocol import ArchReport, JobResult, KernelRef
+from aiter.aot.flydsl.jobs.records import ArchReport, JobResult, KernelRef
 from aiter.flydsl_bridge import manifest
 from tests.aot_cli import lines_starting, read_report, run_aot, run_aot_together
 from tests.fixtures import axis_family, grid_family

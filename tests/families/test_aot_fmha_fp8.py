@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from aiter.aot.flydsl.protocol import ArchReport
+from aiter.aot.flydsl.jobs.records import ArchReport
 from aiter.ops.fmha_fp8.table import FMHA_FP8
 from tests.aot_cli import (
     lines_starting,

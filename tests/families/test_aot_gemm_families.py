@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from aiter.aot.flydsl.protocol import ArchReport, JobResult, KernelRef
+from aiter.aot.flydsl.jobs.records import ArchReport, JobResult, KernelRef
 from aiter.flydsl_bridge import manifest
 from aiter.ops.gemm.table import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16
 from tests.aot_cli import lines_starting, read_report, run_aot

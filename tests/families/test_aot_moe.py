@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from aiter.aot.flydsl.protocol import ArchReport, JobResult
+from aiter.aot.flydsl.jobs.records import ArchReport, JobResult
 from aiter.ops.moe.table import FMOE
 from tests.aot_cli import (
     lines_starting,

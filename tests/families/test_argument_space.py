@@ -28,7 +28,7 @@ from aiter.aot.flydsl import fmha_fp8 as fmha_module
 from aiter.aot.flydsl import gemm as gemm_module
 from aiter.aot.flydsl import moe as moe_module
 from aiter.aot.flydsl.dry_run import dry_run
-from aiter.aot.flydsl.jobs import row_ref
+from aiter.aot.flydsl.jobs.family import row_ref
 from aiter.ops.chunk_gdn_h.table import CHUNK_GDN_H
 from aiter.ops.conv3d.table import CONV3D
 from aiter.ops.fmha_fp8.table import FMHA_FP8
@@ -81,7 +81,7 @@ def first_row(spec: TableSpec, **cells: str) -> Row:
 def replayed(module, row: Row, maxima: dict[str, int]) -> frozenset:
     """The kernel files a build of `row` compiles: every segment of every job of the row, as
     the replay's naming finds them (under the deployment maxima `maxima`)."""
-    from aiter.aot.flydsl.naming import name_job
+    from aiter.aot.flydsl.replay.naming import name_job
 
     ref, files = row_ref(row), set()
     for job in module.FAMILY.jobs(ARCH, None, maxima):

@@ -148,7 +148,7 @@ SOURCES = {
 
         import sys
 
-        from aiter.aot.flydsl.jobs import Family
+        from aiter.aot.flydsl.jobs.family import Family
         from tinyscale.table import TINY_SCALE
 
 

@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from aiter.aot.flydsl.jobs import Family
-from aiter.aot.flydsl.protocol import ArchProcessSpec, Mode, from_json, to_json
-from aiter.aot.flydsl.replay import USAGE, apply_extra_tables, read_spec
+from aiter.aot.flydsl.jobs.family import Family
+from aiter.aot.flydsl.jobs.records import ArchProcessSpec, Mode, from_json, to_json
+from aiter.aot.flydsl.replay.arch_process import USAGE, apply_extra_tables, read_spec
 from aiter.tuning import BucketAxis, Column, TableSpec
 from tests.aot_cli import run_aot
 
-REPLAY = "aiter.aot.flydsl.replay"
+REPLAY = "aiter.aot.flydsl.replay.arch_process"
 
 
 def _spec(**changes) -> ArchProcessSpec:

@@ -11,9 +11,8 @@ import threading
 
 import pytest
 
-from aiter.aot.flydsl import arch_process
-from aiter.aot.flydsl import replay as _replay  # noqa: F401  (imported before any fork below)
-from aiter.aot.flydsl.protocol import EXIT_USAGE
+from aiter.aot.flydsl.jobs.records import EXIT_USAGE
+from aiter.aot.flydsl.replay import spawn as arch_process
 
 
 def _forked(body) -> arch_process.ForkedProcess:
@@ -49,7 +48,8 @@ def test_forking_is_off_when_asked_or_with_other_threads(monkeypatch):
 
 def test_a_forked_arch_process_runs_the_arch_process_main(tmp_path, monkeypatch, capfd):
     """It takes the environment it is given, closes the driver's fds and exits as
-    `python -m aiter.aot.flydsl.replay` would (here: a usage error for a missing spec)."""
+    `python -m aiter.aot.flydsl.replay.arch_process` would (here: a usage error for a missing spec).
+    """
     monkeypatch.setattr(arch_process, "can_fork", lambda: True)
     drivers_read, drivers_write = os.pipe()
     env = {**os.environ, "AITER_TEST_MARK": "forked"}
@@ -71,13 +71,14 @@ def test_warming_up_reads_nothing_an_arch_decides():
     script = textwrap.dedent("""
         import pkgutil, sys
         import aiter.ops
-        from aiter.aot.flydsl import arch_process, registry
+        from aiter.aot.flydsl import registry
+        from aiter.aot.flydsl.replay import spawn as arch_process
         arch_process.warm_up(registry.MODULES.values())
         kernels = [info.name for info in pkgutil.walk_packages(aiter.ops.__path__, "aiter.ops.")
                    if ".kernels." in info.name]
         assert kernels and all(k in sys.modules for k in kernels), kernels
         import flydsl.runtime.device as device
-        from aiter.aot.flydsl import dry_run
+        from aiter.aot.flydsl.dry_run import context as dry_run
         from aiter import jit_monitor
         from aiter.flydsl_bridge import internals
         JitFunction = internals.jit_function().JitFunction

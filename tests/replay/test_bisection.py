@@ -1,4 +1,4 @@
-"""Tests of aiter.aot.flydsl.bisection: finding every M where the requested kernels change.
+"""Tests of aiter.aot.flydsl.jobs.bisection: finding every M where the requested kernels change.
 
 Value functions have known switch points; every call is counted.
 """
@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import pytest
 
-from aiter.aot.flydsl.bisection import Segment, sample_points, segments
+from aiter.aot.flydsl.jobs.bisection import Segment, sample_points, segments
 
 
 def counting(switches: list[int]) -> tuple[Callable[[int], tuple[int, ...]], Counter]:

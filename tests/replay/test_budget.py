@@ -1,4 +1,4 @@
-"""Tests of aiter.aot.flydsl.budget: one pool of worker tokens in a pipe, shared by processes.
+"""Tests of aiter.aot.flydsl.execution.budget: one pool of worker tokens in a pipe, shared by processes.
 
 Includes a real child process that opens the pool from its environment and competes for it.
 """
@@ -14,13 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from aiter.aot.flydsl.budget import BUDGET_ENV, WorkerBudget
+from aiter.aot.flydsl.execution.budget import BUDGET_ENV, WorkerBudget
 
 REPO = Path(__file__).resolve().parents[2]
 
 # Takes up to 2 tokens without waiting, prints how many it got and gives them back.
 CHILD = """
-from aiter.aot.flydsl.budget import WorkerBudget
+from aiter.aot.flydsl.execution.budget import WorkerBudget
 budget = WorkerBudget.from_env()
 got = sum(budget.try_acquire() for _ in range(2))
 print(got)

@@ -1,4 +1,4 @@
-"""Tests of aiter.aot.flydsl.dry_run: the context that makes a CPU process look like one GPU.
+"""Tests of aiter.aot.flydsl.dry_run.context: the context that makes a CPU process look like one GPU.
 
 In this process only gfx942 is replayed (FlyDSL freezes one arch per process); the
 two-arch check runs in a subprocess.
@@ -18,13 +18,13 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from aiter import device
 from aiter import flydsl_bridge as bridge
-from aiter.aot.flydsl import dry_run as dry_run_module
 from aiter.aot.flydsl.dry_run import (
     GUARDED_TORCH_CUDA,
     GpuRuntimeReached,
     SimulatedStream,
     dry_run,
 )
+from aiter.aot.flydsl.dry_run import context as dry_run_module
 
 REPO = Path(__file__).resolve().parents[2]
 ENV_NAMES = ("ARCH", "FLYDSL_GPU_ARCH", "COMPILE_ONLY")

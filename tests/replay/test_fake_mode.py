@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
-from aiter.aot.flydsl import fake_mode
-from aiter.aot.flydsl.fake_mode import _FACTORY, _LIFT, _META, _SLOW, DryRunFakeMode
+from aiter.aot.flydsl.dry_run import fake_mode
+from aiter.aot.flydsl.dry_run.fake_mode import _FACTORY, _LIFT, _META, _SLOW, DryRunFakeMode
 
 
 def _inputs() -> dict[str, torch.Tensor]:

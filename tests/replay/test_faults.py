@@ -437,7 +437,7 @@ def test_a_write_limit_fails_the_compiles_with_a_clear_message(limited):
 
 def test_a_worker_that_cannot_write_its_result_says_why():
     """A worker that cannot write its result under a write limit says so, in one process."""
-    from aiter.aot.flydsl.workers import run_forked
+    from aiter.aot.flydsl.execution.workers import run_forked
 
     def big_result(_: int) -> str:
         resource.setrlimit(resource.RLIMIT_FSIZE, (WRITE_LIMIT, WRITE_LIMIT))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from aiter.aot.flydsl.fixed_inputs import FixedInputs
+from aiter.aot.flydsl.jobs.fixed_inputs import FixedInputs
 
 
 def test_a_fixed_input_is_the_same_tensor_at_every_call_of_one_mode() -> None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from aiter.aot.flydsl.jobs import Family, grid_jobs, job_info
-from aiter.aot.flydsl.naming import replayed_ranges as _replayed_ranges
-from aiter.aot.flydsl.protocol import JobInfo
+from aiter.aot.flydsl.jobs.family import Family, grid_jobs, job_info
+from aiter.aot.flydsl.jobs.records import JobInfo
+from aiter.aot.flydsl.replay.naming import replayed_ranges as _replayed_ranges
 from aiter.tuning import BucketAxis, Column, TableSpec
 
 HEADER = "gfx,cu_num,tokens,experts\n"

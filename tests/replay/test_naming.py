@@ -4,9 +4,9 @@ misses it (it takes the kernels as constant between equal samples)."""
 
 from __future__ import annotations
 
-from aiter.aot.flydsl.jobs import Job
-from aiter.aot.flydsl.naming import name_job
-from aiter.aot.flydsl.protocol import JobInfo
+from aiter.aot.flydsl.jobs.family import Job
+from aiter.aot.flydsl.jobs.records import JobInfo
+from aiter.aot.flydsl.replay.naming import name_job
 
 FLIP_EVERY = 5  # the runtime's choice: block 128 at every fifth token count, 64 elsewhere
 

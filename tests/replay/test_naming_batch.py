@@ -9,11 +9,11 @@ import random
 
 import pytest
 
+import aiter.aot.flydsl.dry_run as dry_run_module
 from aiter import dispatch
-from aiter.aot.flydsl import dry_run as dry_run_module
-from aiter.aot.flydsl.jobs import Job
-from aiter.aot.flydsl.naming import NamingBatch, name_job
-from aiter.aot.flydsl.protocol import JobInfo, Tag
+from aiter.aot.flydsl.jobs.family import Job
+from aiter.aot.flydsl.jobs.records import JobInfo, Tag
+from aiter.aot.flydsl.replay.naming import NamingBatch, name_job
 
 ARCH = "gfx942"
 JOBS_PER_MODULE = 12

@@ -1,4 +1,4 @@
-"""Tests of aiter.aot.flydsl.progress: the board that shows every arch's counts.
+"""Tests of aiter.aot.flydsl.execution.progress: the board that shows every arch's counts.
 
 A fake clock drives time, and StringIO streams stand in for a terminal or a log file.
 """
@@ -9,7 +9,7 @@ import io
 
 import pytest
 
-from aiter.aot.flydsl.progress import (
+from aiter.aot.flydsl.execution.progress import (
     ArchProgress,
     ProgressBoard,
     format_duration,

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from aiter.aot.flydsl.protocol import (
+from aiter.aot.flydsl.jobs.records import (
     ArchReport,
     CompileResult,
     CompileTask,

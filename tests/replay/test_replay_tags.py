@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from aiter.aot.flydsl.protocol import ArchReport, JobResult, Tag
+from aiter.aot.flydsl.jobs.records import ArchReport, JobResult, Tag
 from aiter.flydsl_bridge import manifest
 from tests.aot_cli import lines_starting, read_report, run_aot
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from aiter.aot.flydsl.protocol import JobInfo, JobResult, Mode, Tag
-from aiter.aot.flydsl.replay import ProgressPipe, _Scheduler
+from aiter.aot.flydsl.jobs.records import JobInfo, JobResult, Mode, Tag
+from aiter.aot.flydsl.replay.arch_process import ProgressPipe, _Scheduler
 
 
 def _scheduler(jobs: int) -> _Scheduler:

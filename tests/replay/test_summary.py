@@ -3,8 +3,8 @@ value, capped by the deployment's maximum, not the maximum alone."""
 
 from __future__ import annotations
 
-from aiter.aot.flydsl.protocol import ArchReport, JobInfo, JobResult, Mode
-from aiter.aot.flydsl.summary import print_summary, replayed_extent, summary_rows
+from aiter.aot.flydsl.execution.summary import print_summary, replayed_extent, summary_rows
+from aiter.aot.flydsl.jobs.records import ArchReport, JobInfo, JobResult, Mode
 
 
 def _result(axis: str, lo: int, hi: int, **fixed: int) -> JobResult:

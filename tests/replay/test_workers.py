@@ -1,4 +1,4 @@
-"""Tests of aiter.aot.flydsl.workers: tasks in forked children, a few at a time.
+"""Tests of aiter.aot.flydsl.execution.workers: tasks in forked children, a few at a time.
 
 A child that raises or dies fails only its own task; the parent (this pytest) carries on.
 """
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from aiter.aot.flydsl.budget import WorkerBudget
-from aiter.aot.flydsl.workers import TaskOutcome, run_forked
+from aiter.aot.flydsl.execution.budget import WorkerBudget
+from aiter.aot.flydsl.execution.workers import TaskOutcome, run_forked
 from tests.aot_cli import default_signals
 
 
@@ -186,7 +186,7 @@ def test_a_task_over_its_timeout_is_killed_and_fails_alone() -> None:
 
 CTRL_C_DURING_FORK = """
 import os, signal
-from aiter.aot.flydsl.workers import run_forked
+from aiter.aot.flydsl.execution.workers import run_forked
 
 # The child's at-fork hooks run before any worker code: a Ctrl-C there is the race to survive.
 os.register_at_fork(after_in_child=lambda: os.kill(os.getpid(), signal.SIGINT))

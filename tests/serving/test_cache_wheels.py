@@ -95,7 +95,11 @@ def test_import_aiter_serves_from_the_wheel_of_the_machines_arch(cache, tmp_path
     assert proc.stdout.split() == [str(served), "arch", "wheel"], proc.stderr
     other = _python(site, WHERE, FLYDSL_GPU_ARCH="gfx950")  # not installed: FlyDSL's default
     assert other.stdout.split()[-2:] == ["flydsl", "default"]
-    info = _python(site, "from aiter.aot.flydsl.info import main; main()", FLYDSL_GPU_ARCH="gfx942")
+    info = _python(
+        site,
+        "from aiter.aot.flydsl.distribution.info import main; main()",
+        FLYDSL_GPU_ARCH="gfx942",
+    )
     assert "cache wheels installed (machine arch: gfx942):" in info.stdout
     assert f"aiter-flydsl-cache-gfx942: {served} (this machine's arch)" in info.stdout
 
@@ -104,7 +108,11 @@ def test_a_wheel_another_aiter_built_is_listed_and_not_served(cache, tmp_path) -
     site = _installed(cache, tmp_path, version="0.0.9")
     proc = _python(site, WHERE, FLYDSL_GPU_ARCH="gfx942")
     assert proc.stdout.split()[-2:] == ["flydsl", "default"]
-    info = _python(site, "from aiter.aot.flydsl.info import main; main()", FLYDSL_GPU_ARCH="gfx942")
+    info = _python(
+        site,
+        "from aiter.aot.flydsl.distribution.info import main; main()",
+        FLYDSL_GPU_ARCH="gfx942",
+    )
     assert "VERSION MISMATCH built by aiter 0.0.9" in info.stdout
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import sys
 
-from aiter.aot.flydsl import merge
-from aiter.aot.flydsl.options import UsageError, parse
+from aiter.aot.flydsl.distribution import merge
+from aiter.aot.flydsl.execution.options import UsageError, parse
 
 
 def main(argv: list[str]) -> int:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from aiter.aot.flydsl import merge
+from aiter.aot.flydsl.distribution import merge
 from aiter.flydsl_bridge import manifest
 from aiter.flydsl_bridge.manifest import KernelEntry, Requester
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from aiter.aot.flydsl import ray_executor
-from aiter.aot.flydsl.options import UsageError
+from aiter.aot.flydsl.distribution import ray_executor
+from aiter.aot.flydsl.execution.options import UsageError
 from tests.aot_cli import REPO, run_aot, start_aot
 
 TABLES = {"AITER_CONFIG_DIR": str(REPO / ".ci" / "audit_tables"), "GPU_ARCHS": "gfx942"}
@@ -96,14 +96,14 @@ def test_shards_on_two_nodes_survive_a_killed_worker(cluster, tmp_path) -> None:
     ],
 )
 def test_executor_usage_errors(args, expected, tmp_path) -> None:
-    from aiter.aot.flydsl.options import parse
+    from aiter.aot.flydsl.execution.options import parse
 
     with pytest.raises(UsageError, match=expected):
         parse(None, [*args, "--cache-dir", str(tmp_path)])
 
 
 def test_without_ray_the_executor_is_a_usage_error(monkeypatch, tmp_path) -> None:
-    from aiter.aot.flydsl.options import parse
+    from aiter.aot.flydsl.execution.options import parse
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
     with pytest.raises(UsageError, match=r"needs Ray, which is not installed: pip install"):
@@ -111,7 +111,7 @@ def test_without_ray_the_executor_is_a_usage_error(monkeypatch, tmp_path) -> Non
 
 
 def test_a_shards_command_line_carries_the_builds_choices(tmp_path) -> None:
-    from aiter.aot.flydsl.options import parse
+    from aiter.aot.flydsl.execution.options import parse
 
     table = tmp_path / "mine.csv"
     shutil.copy(REPO / ".ci" / "audit_tables" / "bf16_tuned_gemm.csv", table)

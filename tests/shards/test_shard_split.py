@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from aiter.aot.flydsl import shards
-from aiter.aot.flydsl.protocol import JobInfo
+from aiter.aot.flydsl.jobs import shards
+from aiter.aot.flydsl.jobs.records import JobInfo
 from aiter.flydsl_bridge.manifest import KernelEntry, Manifest, Requester
 
 

@@ -23,8 +23,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from aiter.aot.flydsl.capture_axis import Along, along_dims, tensor, with_host_values, with_sizes
-from aiter.aot.flydsl.jobs import Call, CapturedOp, Family
+from aiter.aot.flydsl.jobs.axes import Along, along_dims, tensor, with_host_values, with_sizes
+from aiter.aot.flydsl.jobs.family import Call, CapturedOp, Family
 from aiter.ops.chunk_gdn_h.table import CHUNK_GDN_H, LAYER_COLUMNS
 from aiter.tuning import Row, TableSpec
 

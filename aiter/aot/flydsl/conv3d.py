@@ -12,9 +12,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from aiter.aot.flydsl.capture_axis import Along, along_dims
-from aiter.aot.flydsl.fixed_inputs import FixedInputs
-from aiter.aot.flydsl.jobs import Call, CapturedOp, Family
+from aiter.aot.flydsl.jobs.axes import Along, along_dims
+from aiter.aot.flydsl.jobs.family import Call, CapturedOp, Family
+from aiter.aot.flydsl.jobs.fixed_inputs import FixedInputs
 from aiter.ops.conv3d.table import CONV3D
 from aiter.tuning import Row, TableSpec
 

@@ -19,9 +19,10 @@ from pathlib import Path
 from typing import Any
 
 from aiter import flydsl_bridge as bridge
-from aiter.aot.flydsl import arch_process, memo
-from aiter.aot.flydsl.options import Build, UsageError, parse
-from aiter.aot.flydsl.protocol import (
+from aiter.aot.flydsl.execution import memo
+from aiter.aot.flydsl.execution.options import Build, UsageError, parse
+from aiter.aot.flydsl.execution.summary import print_job_lines, print_summary, summary_rows
+from aiter.aot.flydsl.jobs.records import (
     EXIT_FAIL,
     EXIT_INTERRUPTED,
     EXIT_OK,
@@ -33,7 +34,7 @@ from aiter.aot.flydsl.protocol import (
     from_json,
     to_json,
 )
-from aiter.aot.flydsl.summary import print_job_lines, print_summary, summary_rows
+from aiter.aot.flydsl.replay import spawn as arch_process
 from aiter.arch import ArchTarget
 
 # What one compile worker may hold (measured peak about 390 MB) and one arch process (about
@@ -135,8 +136,8 @@ def memory_capped_workers(workers: int, archs: int, available: int | None) -> in
 
 
 def _run_archs(build: Build) -> list[ArchReport]:
-    from aiter.aot.flydsl.budget import WorkerBudget
-    from aiter.aot.flydsl.progress import ProgressBoard
+    from aiter.aot.flydsl.execution.budget import WorkerBudget
+    from aiter.aot.flydsl.execution.progress import ProgressBoard
 
     workers = memory_capped_workers(build.workers, len(build.targets), available_mb())
     if workers < build.workers:
@@ -235,7 +236,7 @@ def _collect(run: _ArchRun, budget: Any, mode: Mode) -> ArchReport:
 
 
 def _versions() -> dict[str, str]:
-    from aiter.aot.flydsl import fingerprint
+    from aiter.aot.flydsl.execution import fingerprint
 
     return dict(fingerprint.package_versions())
 
@@ -322,11 +323,11 @@ def main(module_paths: Sequence[str] | None = None, argv: Sequence[str] | None =
     named ones; build (default), --list or --check."""
     args = sys.argv[1:] if argv is None else list(argv)
     if args[:1] == ["merge"]:
-        from aiter.aot.flydsl.merge import main as merge
+        from aiter.aot.flydsl.distribution.merge import main as merge
 
         return merge(args[1:])
     if "--info" in args:
-        from aiter.aot.flydsl.info import main as info
+        from aiter.aot.flydsl.distribution.info import main as info
 
         return info()
     try:
@@ -353,7 +354,7 @@ def main(module_paths: Sequence[str] | None = None, argv: Sequence[str] | None =
         print(f"nothing to do: no {'/'.join(build.families)} table rows for the requested archs")
         return EXIT_OK
     if build.executor == "ray":
-        from aiter.aot.flydsl import ray_executor
+        from aiter.aot.flydsl.distribution import ray_executor
 
         return ray_executor.run(build)
 

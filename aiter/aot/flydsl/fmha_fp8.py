@@ -30,8 +30,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from aiter.aot.flydsl.capture_axis import Along, along_dims, tensor, with_host_values, with_sizes
-from aiter.aot.flydsl.jobs import Call, CapturedOp, Family
+from aiter.aot.flydsl.jobs.axes import Along, along_dims, tensor, with_host_values, with_sizes
+from aiter.aot.flydsl.jobs.family import Call, CapturedOp, Family
 from aiter.ops.fmha_fp8.table import FMHA_FP8
 from aiter.tuning import Row, TableSpec
 

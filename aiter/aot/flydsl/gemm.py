@@ -16,9 +16,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 
-from aiter.aot.flydsl.capture_axis import dims_along
-from aiter.aot.flydsl.fixed_inputs import FixedInputs
-from aiter.aot.flydsl.jobs import Call, CapturedOp, Family
+from aiter.aot.flydsl.jobs.axes import dims_along
+from aiter.aot.flydsl.jobs.family import Call, CapturedOp, Family
+from aiter.aot.flydsl.jobs.fixed_inputs import FixedInputs
 from aiter.ops.gemm.table import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16
 from aiter.tuning import Row, TableSpec
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 import sys
 from collections.abc import Mapping, Sequence
 
-from aiter.aot.flydsl.capture_axis import dims_along
-from aiter.aot.flydsl.fixed_inputs import FixedInputs
-from aiter.aot.flydsl.jobs import Call, CapturedOp, Family
+from aiter.aot.flydsl.jobs.axes import dims_along
+from aiter.aot.flydsl.jobs.family import Call, CapturedOp, Family
+from aiter.aot.flydsl.jobs.fixed_inputs import FixedInputs
 from aiter.ops.moe.table import ACT_SWIGLU, FMOE, QUANT_PER_TOKEN, SWIGLU_VARIANTS
 from aiter.tuning import Row, TableSpec
 

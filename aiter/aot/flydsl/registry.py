@@ -10,7 +10,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 
-from aiter.aot.flydsl.jobs import Family, module_file
+from aiter.aot.flydsl.jobs.family import Family, module_file
 
 MODULES: dict[str, str] = {
     "gemm": "aiter.aot.flydsl.gemm",

@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from aiter.arch import ARCHS
-from aiter.configs.scaling import scaled
 from aiter.ops.chunk_gdn_h.plan import grid_fill_block_v
 from aiter.ops.chunk_gdn_h.table import CHUNK_GDN_H
+from aiter.tuning.scaling import scaled
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from aiter.arch import ARCHS
-from aiter.configs.scaling import scaled
 from aiter.ops.conv3d.table import CONV3D
+from aiter.tuning.scaling import scaled
 
 
 @dataclass(frozen=True)

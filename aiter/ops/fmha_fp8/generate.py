@@ -10,8 +10,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from aiter.arch import ARCHS
-from aiter.configs.scaling import scaled
 from aiter.ops.fmha_fp8.table import FMHA_FP8, LAYOUTS
+from aiter.tuning.scaling import scaled
 
 MAX_BATCH = 8
 MAX_SEQLEN = 8192

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aiter.arch import ARCHS, ArchInfo
-from aiter.configs.scaling import scaled
 from aiter.ops.gemm.plan import KernelFamily
 from aiter.ops.gemm.table import (
     A8W8_BLOCKSCALE,
@@ -23,6 +22,7 @@ from aiter.ops.gemm.table import (
     LIBTYPE_TORCH,
 )
 from aiter.tuning import TableSpec
+from aiter.tuning.scaling import scaled
 
 M_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 TORCH_M = (1, 2, 4, 8, 16)  # shapes too small for a kernel launch to pay off

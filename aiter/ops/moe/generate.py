@@ -12,9 +12,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from aiter.arch import ARCHS, ArchInfo
-from aiter.configs.scaling import scaled
 from aiter.ops.moe import table as moe_table
 from aiter.ops.moe.table import FMOE
+from aiter.tuning.scaling import scaled
 
 # Padded token counts: get_padded_M rounds a call's tokens up to one of these.
 TOKENS = tuple(2**i for i in range(16))  # 1 .. 32768

@@ -17,7 +17,7 @@ from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
 
 from aiter import device
 from aiter import flydsl_bridge as bridge
-from aiter.aot.flydsl.fake_mode import process_mode
+from aiter.aot.flydsl.dry_run.fake_mode import process_mode
 
 _process_arch: str | None = None  # FlyDSL freezes its target per process at first use
 

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from aiter.aot.flydsl.protocol import (
+from aiter.aot.flydsl.jobs.records import (
     EntryProblem,
 )
 

@@ -27,8 +27,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from aiter.aot.flydsl.options import Build
-from aiter.aot.flydsl.protocol import EXIT_FAIL, EXIT_OK, ArchReport, from_json
+from aiter.aot.flydsl.execution.options import Build
+from aiter.aot.flydsl.jobs.records import EXIT_FAIL, EXIT_OK, ArchReport, from_json
 from aiter.flydsl_bridge.env import KEY_ENV_VARS
 
 RETRIES = 3  # per task, after its process or node died
@@ -135,8 +135,8 @@ def run(build: Build) -> int:
     """The build across the Ray cluster at build.ray_address (a local one when empty)."""
     import ray
 
-    from aiter.aot.flydsl.merge import merge
-    from aiter.aot.flydsl.summary import print_job_lines, print_summary, summary_rows
+    from aiter.aot.flydsl.distribution.merge import merge
+    from aiter.aot.flydsl.execution.summary import print_job_lines, print_summary, summary_rows
 
     ray.init(address=build.ray_address or None, log_to_driver=False)
     try:

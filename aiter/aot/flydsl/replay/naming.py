@@ -12,8 +12,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from aiter.aot.flydsl.jobs import Job
-from aiter.aot.flydsl.protocol import (
+from aiter.aot.flydsl.jobs.family import Job
+from aiter.aot.flydsl.jobs.records import (
     CAPTURE_TABLE,
     JobInfo,
     JobResult,
@@ -246,7 +246,7 @@ def name_job(
     """Every segment of the job's range with the kernels it asks for, and a tag; with `misses`,
     a captured call's job also carries the miss message of each kernel the cache lacks. With
     `batch`, the job is named in the batch's dry run."""
-    from aiter.aot.flydsl.bisection import segments
+    from aiter.aot.flydsl.jobs.bisection import segments
 
     info = job.info
     result = JobResult(info)

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from aiter.aot.flydsl.protocol import EXIT_FAIL, EXIT_OK, EXIT_USAGE
+from aiter.aot.flydsl.jobs.records import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 from aiter.flydsl_bridge import manifest
 from aiter.flydsl_bridge.manifest import KernelEntry, Manifest
 

@@ -1,4 +1,4 @@
-"""`python -m aiter.aot.flydsl.capture`: what to do with serving captures besides building
+"""`python -m aiter.aot.flydsl.capture.cli`: what to do with serving captures besides building
 from them (`python -m aiter.aot.flydsl --capture PATH`).
 
 - `merge A B ... -o C`: one capture of the distinct calls of several (hosts, ranks, days),
@@ -22,8 +22,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from aiter.aot.flydsl.capture_file import CaptureRead, read_captures
-from aiter.aot.flydsl.protocol import EXIT_FAIL, EXIT_OK, EXIT_USAGE
+from aiter.aot.flydsl.capture.files import CaptureRead, read_captures
+from aiter.aot.flydsl.jobs.records import EXIT_FAIL, EXIT_OK, EXIT_USAGE
 
 
 def _read(paths: Sequence[str]) -> CaptureRead | None:
@@ -123,7 +123,7 @@ def suggest(paths: Sequence[str], output_dir: str | None = None) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m aiter.aot.flydsl.capture",
+        prog="python -m aiter.aot.flydsl.capture.cli",
         description="Merge serving captures, or suggest table rows for their untuned calls.",
     )
     commands = parser.add_subparsers(dest="command", required=True)

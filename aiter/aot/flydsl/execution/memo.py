@@ -10,13 +10,13 @@ import time
 from typing import Any
 
 from aiter.aot.flydsl import registry
-from aiter.aot.flydsl.options import Build, UsageError
+from aiter.aot.flydsl.execution.options import Build, UsageError
 
 
 def fingerprint(build: Build) -> tuple[str, dict[str, Any]]:
     """The build's fingerprint and its inputs described: the tables merged with the --csv files
     and the environment as the arch processes will see it."""
-    from aiter.aot.flydsl import fingerprint as inputs_of
+    from aiter.aot.flydsl.execution import fingerprint as inputs_of
 
     extra = [registry.source_file(path) for path in build.modules.values()]
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from aiter.aot.flydsl.protocol import (
+from aiter.aot.flydsl.jobs.records import (
     ArchReport,
     EntryProblem,
     JobResult,

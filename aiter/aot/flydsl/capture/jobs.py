@@ -11,10 +11,10 @@ import inspect
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from aiter.aot.flydsl.capture_axis import Along, CaptureError
-from aiter.aot.flydsl.capture_file import CapturedCall
-from aiter.aot.flydsl.jobs import CapturedOp, Family, Job
-from aiter.aot.flydsl.protocol import CAPTURE_TABLE, JobInfo
+from aiter.aot.flydsl.capture.files import CapturedCall
+from aiter.aot.flydsl.jobs.axes import Along, CaptureError
+from aiter.aot.flydsl.jobs.family import CapturedOp, Family, Job
+from aiter.aot.flydsl.jobs.records import CAPTURE_TABLE, JobInfo
 
 AS_CAPTURED = "call"  # the axis of a job whose call is replayed only as captured
 

@@ -2,7 +2,7 @@
 compiles each missing kernel set in forked workers while naming goes on.
 
 One per arch, all modules in one process, forked from the warm driver (`arch_process`) or run as
-`python -m aiter.aot.flydsl.replay SPEC.json`, told what to do by the ArchProcessSpec the driver
+`python -m aiter.aot.flydsl.replay.arch_process SPEC.json`, told what to do by the ArchProcessSpec the driver
 wrote; the workers of every arch process share the driver's budget. Counts and the final ArchReport go back on a pipe.
 """
 
@@ -20,13 +20,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from aiter.aot.flydsl import operators, registry
-from aiter.aot.flydsl.audit import audit
-from aiter.aot.flydsl.capture_jobs import capture_jobs
-from aiter.aot.flydsl.entries import EntryAudit
-from aiter.aot.flydsl.jobs import Family, Job
-from aiter.aot.flydsl.naming import NamingBatch, name_job
-from aiter.aot.flydsl.protocol import (
+from aiter.aot.flydsl import registry
+from aiter.aot.flydsl.audit.entries import EntryAudit
+from aiter.aot.flydsl.audit.findings import audit
+from aiter.aot.flydsl.capture.jobs import capture_jobs
+from aiter.aot.flydsl.jobs.family import Family, Job
+from aiter.aot.flydsl.jobs.records import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
@@ -40,6 +39,8 @@ from aiter.aot.flydsl.protocol import (
     from_json,
     to_json,
 )
+from aiter.aot.flydsl.replay import operators
+from aiter.aot.flydsl.replay.naming import NamingBatch, name_job
 
 DEFAULT_COMPILE_SECONDS = 1.0  # estimate for a kernel function no earlier build has timed
 # Jobs a naming worker takes at once: enough that a fork's start-up is paid rarely (its first
@@ -300,7 +301,7 @@ def replay_arch(
     """Everything one arch's process does, as `spec` says."""
     import torch
 
-    from aiter.aot.flydsl.workers import ForkPool
+    from aiter.aot.flydsl.execution.workers import ForkPool
 
     torch.set_num_threads(1)  # workers are processes; threads would only contend
     start = time.perf_counter()
@@ -354,7 +355,7 @@ def _shard(
     jobs: list[Job], limits: list[int | None], spec: ArchProcessSpec, report: ArchReport
 ) -> tuple[list[Job], list[int | None]]:
     """The part of the arch's jobs spec.shard replays (shards.py)."""
-    from aiter.aot.flydsl import shards
+    from aiter.aot.flydsl.jobs import shards
 
     shard = shards.parse_shard(spec.shard)
     estimates = None
@@ -369,7 +370,7 @@ def _captured_calls(paths: Sequence[str]) -> list:
     """The distinct calls of the --capture files (the driver has reported their bad lines)."""
     if not paths:
         return []
-    from aiter.aot.flydsl.capture_file import read_captures
+    from aiter.aot.flydsl.capture.files import read_captures
 
     return read_captures(paths).calls
 
@@ -405,7 +406,7 @@ def arch_process_main(spec_path: str) -> int:
     from aiter.toolchain import configure_linker
 
     configure_linker()
-    from aiter.aot.flydsl.budget import WorkerBudget
+    from aiter.aot.flydsl.execution.budget import WorkerBudget
 
     # FlyDSL reads its target from the environment; a process that would compile for another
     # arch than it replays must not write a single cache entry.

@@ -60,7 +60,7 @@ CAPTURE_TABLE = "capture"  # the `table` of a captured call's job; its `row` is 
 @dataclass(frozen=True)
 class ArchProcessSpec:
     """Everything one arch process replays and how. The driver writes it as JSON to a file whose
-    path is the process's only argument (`python -m aiter.aot.flydsl.replay PATH`)."""
+    path is the process's only argument (`python -m aiter.aot.flydsl.replay.arch_process PATH`)."""
 
     modules: list[str]  # import paths of the AOT modules, all replayed in this one process
     arch: str

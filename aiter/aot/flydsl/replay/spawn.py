@@ -4,7 +4,7 @@ Every arch process needs torch, torch._dynamo (which FakeTensorMode imports at i
 FlyDSL and the families' operator modules before its first job: about 5 s of CPU, the same in
 each. So the driver, once it knows it must replay, imports them once (`warm_up`) and forks the
 arch processes from itself; each then sets its own environment and runs `arch_process_main` as
-`python -m aiter.aot.flydsl.replay` would. Nothing arch-specific is read before the fork:
+`python -m aiter.aot.flydsl.replay.arch_process` would. Nothing arch-specific is read before the fork:
 FlyDSL reads its target and cache directory at a kernel's first call, aiter's runtime its
 settings at an entry's first call, and the driver calls neither. A driver that cannot fork
 safely (no os.fork, other threads running) or `AITER_AOT_WARM_FORK=0` starts fresh
@@ -23,9 +23,9 @@ import traceback
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from aiter.aot.flydsl import operators
-from aiter.aot.flydsl.protocol import EXIT_INTERRUPTED
-from aiter.aot.flydsl.workers import exit_child, fork
+from aiter.aot.flydsl.execution.workers import exit_child, fork
+from aiter.aot.flydsl.jobs.records import EXIT_INTERRUPTED
+from aiter.aot.flydsl.replay import operators
 
 WARM_FORK_ENV = "AITER_AOT_WARM_FORK"
 EXIT_CRASHED = 1  # the arch process raised: the traceback is on stderr
@@ -49,7 +49,8 @@ def warm_up(module_paths: Iterable[str]) -> None:
     import torch
     import torch._dynamo  # noqa: F401  (what FakeTensorMode imports at its first use)
 
-    from aiter.aot.flydsl import dry_run, naming, registry  # noqa: F401
+    from aiter.aot.flydsl import dry_run, registry  # noqa: F401
+    from aiter.aot.flydsl.replay import naming  # noqa: F401
     from aiter.flydsl_bridge import internals
 
     internals.jit_function()
@@ -92,7 +93,7 @@ def start(
     `pass_fds` open in it; forked (the fds in `close_fds`, the driver's own, closed in the
     child) where `can_fork()`, else a fresh interpreter. Returns a Popen or a ForkedProcess."""
     if not can_fork():
-        cmd = [sys.executable, "-m", "aiter.aot.flydsl.replay", spec_path]
+        cmd = [sys.executable, "-m", "aiter.aot.flydsl.replay.arch_process", spec_path]
         return subprocess.Popen(cmd, env=env, pass_fds=tuple(pass_fds))
     return ForkedProcess(fork(lambda: _child(spec_path, env, close_fds)))
 
@@ -106,7 +107,7 @@ def _child(spec_path: str, env: dict[str, str], close_fds: Sequence[int]) -> Non
             os.close(fd)
         os.environ.clear()
         os.environ.update(env)
-        from aiter.aot.flydsl.replay import arch_process_main
+        from aiter.aot.flydsl.replay.arch_process import arch_process_main
 
         signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
         code = arch_process_main(spec_path)

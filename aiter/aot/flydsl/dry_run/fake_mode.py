@@ -44,7 +44,7 @@ from torch._subclasses.fake_tensor import (
     torch_decomp_decompositions,
 )
 
-from aiter.aot.flydsl import size_free
+from aiter.aot.flydsl.dry_run import size_free
 
 _SLOW = "slow"  # torch's mode decides
 _FACTORY = "factory"  # torch's `constructors` impl: the op on the meta device, then wrapped

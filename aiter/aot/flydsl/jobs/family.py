@@ -10,9 +10,9 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aiter.aot.flydsl.bisection import segments
-from aiter.aot.flydsl.capture_axis import AlongOf
-from aiter.aot.flydsl.protocol import JobInfo
+from aiter.aot.flydsl.jobs.axes import AlongOf
+from aiter.aot.flydsl.jobs.bisection import segments
+from aiter.aot.flydsl.jobs.records import JobInfo
 from aiter.tuning import Row, TableSpec
 from aiter.tuning.kinds import PARSERS
 from aiter.tuning.spec import describe_variant

@@ -24,7 +24,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from aiter.aot.flydsl.protocol import JobInfo
+from aiter.aot.flydsl.jobs.records import JobInfo
 from aiter.tuning.row import row_name
 
 # CPU seconds of naming one job (about 3.5 probes of 3.5 ms each, measured on the default

@@ -18,8 +18,8 @@ from typing import Any
 
 from aiter import flydsl_bridge as bridge
 from aiter.aot.flydsl import registry
-from aiter.aot.flydsl.jobs import Family
-from aiter.aot.flydsl.protocol import Mode
+from aiter.aot.flydsl.jobs.family import Family
+from aiter.aot.flydsl.jobs.records import Mode
 from aiter.arch import ARCHS, ArchTarget, parse_gpu_archs
 from aiter.tuning import TableError, TableSpec
 
@@ -430,7 +430,7 @@ def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Bui
 def _shard_options(shard: str | None, estimates: str | None) -> tuple[str, str]:
     """--shard and --estimates checked ("" when not given): the estimates are read here, so a
     bad manifest is a usage error before any arch process starts."""
-    from aiter.aot.flydsl import shards
+    from aiter.aot.flydsl.jobs import shards
 
     if estimates and not shard:
         raise UsageError("--estimates MANIFEST goes with --shard I/N")
@@ -471,7 +471,7 @@ def _read_captures(paths: Sequence[str]):
     """The calls of the --capture files, each bad line reported on stderr (None: no --capture)."""
     if not paths:
         return None
-    from aiter.aot.flydsl.capture_file import read_captures
+    from aiter.aot.flydsl.capture.files import read_captures
 
     for path in paths:
         if not Path(path).is_file():

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from aiter.aot.flydsl.entries import EntryAudit
-from aiter.aot.flydsl.protocol import (
+from aiter.aot.flydsl.audit.entries import EntryAudit
+from aiter.aot.flydsl.jobs.records import (
     EntryProblem,
     Finding,
     JobResult,
