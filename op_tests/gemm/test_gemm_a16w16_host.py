@@ -466,7 +466,7 @@ def test_the_replay_reports_a_row_torch_serves_unreached(tmp_path, monkeypatch):
     ]
     assert [(j.info.lo, j.info.hi) for j in jobs] == [(1, 64)]
     result = name_job(jobs[0], None)
-    assert (result.tag, result.message) == (Tag.UNREACHED, "served by torch")
+    assert (result.tag, result.message) == (Tag.UNREACHED, "served by torch: K % 32 != 0 (K=100)")
     assert [(s.lo, s.hi, s.kernels, s.backends) for s in result.segments] == [
         (1, 64, [], ["torch"])
     ]

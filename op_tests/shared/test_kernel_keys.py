@@ -116,7 +116,10 @@ def test_kernel_keys_depend_on_the_plan_only(family) -> None:
         for job in chosen:
             for values in _axis_values(job, rng, 3):
                 first_request, first_record = len(requests), len(records)
-                job.call(**values)
+                try:
+                    job.call(**values)
+                except NotImplementedError:
+                    continue  # the runtime declines the point (past 32-bit offsets): no kernel
                 calls += 1
                 choice = (job.info.row, job.info.variant) + tuple(
                     (r.op, r.backend, r.kernel, repr(sorted(r.params.items())))

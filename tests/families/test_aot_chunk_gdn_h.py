@@ -83,12 +83,12 @@ def _cells(report, row_tokens: str) -> set[tuple[tuple[int, int], tuple[int, int
     }
 
 
-def _bv_at(report, row_tokens: str, seqs: int, tokens: int) -> set[str]:
+def _bv_at(report, seqs: int, tokens: int) -> set[str]:
     """The block_v the point standing for (seqs, tokens) names, among the jobs of the dense
-    row tabled at `row_tokens` tokens."""
+    gfx942 layer's rows."""
     found = set()
     for r in report.results:
-        if not r.job.row.endswith(DENSE_ROWS[row_tokens]):
+        if not r.job.row.endswith(tuple(DENSE_ROWS.values())):
             continue
         (n_lo, n_hi), (t_lo, t_hi) = r.job.cell["seqs"], r.job.cell["tokens"]
         if n_lo <= seqs <= n_hi and t_lo <= tokens <= t_hi:
@@ -101,27 +101,34 @@ def test_the_points_stand_for_the_rules_runs_and_the_tabled_buckets(listing):
     report = listing["gfx942"]
     assert report.results and all(r.tag == "OK" for r in report.results)
     assert all(r.probes == 1 for r in report.results)
-    # The rule switches at 3 and 5 sequences; N = 4 and 8 are tabled, N = 4 up to 2048 tokens.
-    assert _cells(report, "4096") == {
-        ((1, 2), (1, 4096)),
-        ((3, 3), (1, 4096)),
+    # Each row stands for its own bucket; the layer's first row (N = 4, 2048 tokens) also for
+    # every shape no row serves, up to the deployment's 32768 tokens: the rule's runs (it
+    # switches at 3 and 5 sequences) and the tokens above each tabled N's largest T_flat.
+    top = 32768
+    assert _cells(report, "4096") == {((8, 8), (1, 4096))}
+    assert _cells(report, "2048") == {
+        ((1, 2), (1, top)),
+        ((3, 3), (1, top)),
         ((4, 4), (1, 2048)),
-        ((4, 4), (2049, 4096)),
-        ((5, 7), (1, 4096)),
-        ((8, 8), (1, 4096)),
+        ((4, 4), (2049, top)),
+        ((5, 7), (1, top)),
+        ((8, 8), (4097, top)),
+        ((9, top), (1, top)),
     }
-    assert _cells(report, "2048") == {((1, 2), (1, 2048)), ((3, 3), (1, 2048)), ((4, 4), (1, 2048))}
 
 
 def test_kernels_change_where_the_plan_says(listing):
     report = listing["gfx942"]
     # Along N at 4096 tokens: the rule's 16, 32 and 64, and N = 8's tuned 64.
     for n, bv in ((2, 16), (3, 32), (4, 32), (5, 64), (7, 64), (8, 64)):
-        assert _bv_at(report, "4096", n, 4096) == {f"block_v={bv}"}, n
-    # At N = 4 the tuned row's 16 serves up to its 2048 tokens, the rule's 32 above.
-    assert _bv_at(report, "2048", 4, 2048) == {"block_v=16"}
-    assert _bv_at(report, "4096", 4, 2048) == {"block_v=16"}
-    assert _bv_at(report, "4096", 4, 2049) == {"block_v=32"}
+        assert _bv_at(report, n, 4096) == {f"block_v={bv}"}, n
+    # At N = 4 the tuned row's 16 serves up to its 2048 tokens, the rule's 32 above, up to the
+    # deployment's maximum; above the table's N the rule's 64.
+    assert _bv_at(report, 4, 2048) == {"block_v=16"}
+    assert _bv_at(report, 4, 2049) == {"block_v=32"}
+    assert _bv_at(report, 4, 32768) == {"block_v=32"}
+    assert _bv_at(report, 8, 20000) == {"block_v=64"}
+    assert _bv_at(report, 100, 30000) == {"block_v=64"}
 
 
 def test_the_wmma_arch_names_its_own_kernels(listing):
@@ -147,7 +154,7 @@ def test_a_changed_rule_in_the_runtime_is_followed(listing, setup, tmp_path):
     # keeps its tuned row's 64.
     after = reports["gfx942"]
     for n, bv in ((3, 16), (4, 16), (5, 32), (7, 32), (8, 64)):
-        assert _bv_at(after, "4096", n, 4096) == {f"block_v={bv}"}, n
+        assert _bv_at(after, n, 4096) == {f"block_v={bv}"}, n
 
 
 def test_build_and_the_dense_audit_pass(built, setup):

@@ -1,15 +1,18 @@
 """Property: random valid chunk_gdn_h tables, built with `--csv` for gfx942, serve every call
 inside what their rows serve from the cache alone, and an empty cache misses every such call.
 
-A row serves its layer (head dims, heads, dtype, gates and states, dense or varlen) at every
-number of sequences up to its N and every total token count up to its T_flat (cut at
-`--max-tokens`): its own BV where N is its N and the tokens fall in its bucket, the grid-fill
-rule's elsewhere. Calls take each axis at the edges (1, the top, both sides of the rule's
-switches and of the row's own N and T_flat) paired with each other, and at random, with fp32
-or bf16 gates; varlen batches are ragged (random lengths, empty sequences included).
+A table serves each of its layers (head dims, heads, dtype, gates and states, dense or varlen) at
+every number of sequences and every total token count up to the deployment's maximum tokens
+(`--max-tokens`): a row's own BV where N is its N and the tokens fall in its bucket, the
+grid-fill rule's elsewhere (above the table's largest T_flat and N included). Calls take each
+axis at the edges (1, the deployment's maximum, both sides of the rule's switches and of the
+row's own N and T_flat) paired with each other, and at random, with fp32 or bf16 gates; varlen
+batches are ragged (random lengths, empty sequences included).
 """
 
 from __future__ import annotations
+
+import random
 
 import pytest
 from hypothesis import given
@@ -79,19 +82,20 @@ def _edges(top: int, *marks: int) -> list[int]:
 def _calls(draw, rows: list[dict], top: int) -> list[dict]:
     calls = []
     for line, row in enumerate(rows, start=2):
-        most = min(row["T_flat"], top)
         switches = plan.block_v_switch_points(row["H"], row["V"], row["cu_num"])
-        seqs = _edges(row["N"], *switches)
-        tokens = _edges(most)
-        points = [(n, t) for n in seqs for t in tokens]
+        seqs = _edges(top, row["N"], *switches)
+        tokens = _edges(top, row["T_flat"])
+        points = [(n, t) for n in seqs for t in tokens if t >= n or row["is_varlen"]]
         for _ in range(RANDOM_POINTS):
-            points.append((draw(st.integers(1, row["N"])), draw(st.integers(1, most))))
+            n = draw(st.integers(1, 2 * row["N"] + 2))
+            points.append((n, draw(st.integers(n, max(n, top)))))
         for n, t in points:
             call = {"row": f"{CHUNK_GDN_H.short_name}:{line}", "seqs": n, "tokens": t,
                     **{c: row[c] for c in CHUNK_GDN_H.header if c not in ("us", "BV")}}  # fmt: skip
             call["gate_dtype"] = draw(st.sampled_from(("float32", "bfloat16")))
             if row["is_varlen"]:
-                cuts = sorted(draw(st.integers(0, t)) for _ in range(n - 1))
+                lengths = random.Random(draw(st.integers(0, 2**32 - 1)))  # n may be thousands
+                cuts = sorted(lengths.randint(0, t) for _ in range(n - 1))
                 call["cu_seqlens"] = [0, *cuts, t]
             calls.append(call)
     return calls

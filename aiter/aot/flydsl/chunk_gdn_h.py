@@ -1,18 +1,19 @@
-"""AOT replay of the chunk_gdn_h table: each row becomes calls of
-`chunk_gated_delta_rule_fwd_h` with FakeTensors at the batch shapes (sequences N up to the
-row's, total tokens up to the row's T_flat, cut at the deployment's maximum) that decide its
-kernels; each is probed once.
+"""AOT replay of the chunk_gdn_h table: each layer of the table becomes calls of
+`chunk_gated_delta_rule_fwd_h` with FakeTensors at the batch shapes that decide its kernels, for
+every number of sequences N and every total token count up to the deployment's maximum tokens
+(`--max-tokens`, 32768 unless set; N sequences hold at least N tokens); each is probed once.
 
-Why those shapes decide every batch shape inside a row's ranges: the kernel's one compile-time
-choice that varies with the batch shape is BV, and it is the tuned row's where a row of the
-layer has the call's N and a T_flat bucket holding its tokens, else the grid-fill rule's, a
-function of N alone (chunk_gdn_h.plan). So the sequence counts split into runs: each tabled N
-alone, and between them the maximal runs over which the rule is constant (its switches asked of
+Why those shapes decide every batch shape: the kernel's one compile-time choice that varies with
+the batch shape is BV, and it is the tuned row's where a row of the layer has the call's N and a
+T_flat bucket holding its tokens, else the grid-fill rule's, a function of N alone
+(chunk_gdn_h.plan). So the sequence counts split into runs: each tabled N alone, and between and
+above them the maximal runs over which the rule is constant (its switches asked of
 plan.block_v_switch_points). Over an untabled run BV is the rule's one value: one shape stands
-for the run. At a tabled N the tokens split into the layer's buckets of that N and the run above
-its largest T_flat (the rule's): one shape per bucket whose total a call can reach (a dense
-batch holds N x its length tokens). `--check --sample N` audits the claim at random points of
-every run.
+for the run. At a tabled N the tokens split into the layer's buckets of that N (each row's job)
+and the run above its largest T_flat up to the deployment's maximum (the rule's): one shape per
+bucket whose total a call can reach (a dense batch holds N x its length tokens). The layer's
+first row carries the runs no row serves. `--check --sample N` audits the claim at random points
+of every run.
 
 Run `python -m aiter.aot.flydsl.chunk_gdn_h [--list | --check]` (or `python -m aiter.aot.flydsl`).
 """
@@ -82,12 +83,11 @@ def _layer_rows(spec: TableSpec, row: Row) -> list[Row]:
     return [r for r in spec.load().rows if all(r[c] == row[c] for c in LAYER_COLUMNS)]
 
 
-def seqs_runs(row: Row, tabled: Sequence[int]) -> list[tuple[int, int]]:
-    """1..N of the row cut into runs: each tabled N alone, and the runs between over which the
-    grid-fill rule is constant."""
+def seqs_runs(row: Row, tabled: Sequence[int], top: int) -> list[tuple[int, int]]:
+    """1..top sequences of the row's layer cut into runs: each tabled N alone, and the runs
+    between over which the grid-fill rule is constant."""
     from aiter.ops.chunk_gdn_h.plan import block_v_switch_points
 
-    top = row.int("N")
     starts = {1, *block_v_switch_points(row.int("H"), row.int("V"), row.int("cu_num"))}
     for n in tabled:
         starts.update((n, n + 1))
@@ -107,23 +107,34 @@ def reachable_total(row: Row, seqs: int, lo: int, hi: int) -> int | None:
 def points(
     spec: TableSpec, row: Row, variant: Mapping[str, str], maxima: Mapping[str, int]
 ) -> list[tuple[dict[str, int], dict[str, list[int]]]]:
-    """The batch shapes that decide a row's kernels (see the module's docstring), each with the
-    run of shapes it stands for as its cell."""
-    top = min(row.int("T_flat"), maxima.get(spec.axis.name, spec.axis.default_max))
+    """The batch shapes that decide a layer's kernels (see the module's docstring), each with the
+    run of shapes it stands for as its cell. A row stands for its own bucket (its N, the tokens
+    above the previous row of that N up to its T_flat); the layer's first row also for every
+    shape no row serves, up to the deployment's maximum tokens (N sequences hold at least N)."""
+    top = maxima.get(spec.axis.name, spec.axis.default_max)
+    layer = _layer_rows(spec, row)
     buckets: dict[int, list[int]] = {}
-    for other in _layer_rows(spec, row):
+    for other in layer:
         buckets.setdefault(other.int("N"), []).append(other.int("T_flat"))
+    seqs, tokens = row.int("N"), row.int("T_flat")
     found = []
-    for a, b in seqs_runs(row, sorted(buckets)):
+    below = max((t for t in buckets[seqs] if t < tokens), default=0)
+    total = reachable_total(row, seqs, below + 1, min(tokens, top)) if below < top else None
+    if total is not None:
+        cell = {"seqs": [seqs, seqs], "tokens": [below + 1, min(tokens, top)]}
+        found.append(({"seqs": seqs, "tokens": total}, cell))
+    first = min((r.int("N"), r.int("T_flat")) for r in layer)
+    if (seqs, tokens) != first:
+        return found
+    for a, b in seqs_runs(row, sorted(buckets), top):
         if a != b or a not in buckets:
             total = reachable_total(row, a, 1, top) or a  # any shape: BV is the rule's
             found.append(({"seqs": a, "tokens": total}, {"seqs": [a, b], "tokens": [1, top]}))
             continue
-        ends = sorted({t for t in buckets[a] if t < top} | {top})
-        for lo, hi in zip([1, *(t + 1 for t in ends[:-1])], ends, strict=True):
-            total = reachable_total(row, a, lo, hi)
-            if total is not None:
-                found.append(({"seqs": a, "tokens": total}, {"seqs": [a, a], "tokens": [lo, hi]}))
+        above = max(buckets[a]) + 1
+        total = reachable_total(row, a, above, top) if above <= top else None
+        if total is not None:
+            found.append(({"seqs": a, "tokens": total}, {"seqs": [a, a], "tokens": [above, top]}))
     return found
 
 

@@ -88,6 +88,21 @@ def fused_topk(
         raise ValueError(f"topk must be at most num_experts = {experts}, got {topk}")
     if not gating_output.dtype.is_floating_point:
         raise TypeError(f"gating_output must be floating point, got {gating_output.dtype}")
+
+    def record() -> dispatch.DispatchRecord:
+        args = {
+            "hidden_states": dispatch.tensor_arg(hidden_states),
+            "gating_output": dispatch.tensor_arg(gating_output),
+            "topk": str(topk),
+            "renormalize": str(bool(renormalize)),
+        }
+        reason = "softmax top-k routing is computed in torch (no FlyDSL kernel)"
+        return dispatch.DispatchRecord(
+            "fused_topk", dispatch.BACKEND_TORCH, None, "heuristic", None,
+            {"reason": reason}, args=args,
+        )  # fmt: skip
+
+    dispatch.report(record)
     probs = torch.softmax(gating_output.to(torch.float32), dim=-1)
     weights, ids = torch.topk(probs, topk, dim=-1)
     if renormalize:

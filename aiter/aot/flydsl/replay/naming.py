@@ -55,6 +55,8 @@ class Named:
     kernels: tuple[KernelRef, ...]
     backends: tuple[str, ...]
     served: tuple[tuple[Any, ...], ...]  # (op, table, row, source) of each dispatch record
+    # Why a backend other than FlyDSL served (the records' "reason"), for an UNREACHED tag.
+    reasons: tuple[str, ...] = ()
 
 
 class NamingBatch:
@@ -128,6 +130,7 @@ def naming_session(job: Job, batch: NamingBatch | None = None) -> Iterator[Probe
                 ordered,
                 tuple(sorted({r.backend for r in new})),
                 tuple((r.op, r.table, r.row, r.source) for r in new),
+                tuple(sorted({str(r.params["reason"]) for r in new if "reason" in r.params})),
             )
 
         yield probe
@@ -252,6 +255,7 @@ def name_job(
     result = JobResult(info)
     cpu = time.process_time()
     backends: set[str] = set()
+    reasons: set[str] = set()
 
     try:
         with naming_session(job, batch) as probe:
@@ -268,6 +272,7 @@ def name_job(
             def at(value: int):
                 result.probes += 1
                 named = probe(info.values(value))
+                reasons.update(named.reasons)
                 return named.kernels, named.backends
 
             # A lookup that matches a row's own value exactly may serve it unlike its neighbours
@@ -289,7 +294,11 @@ def name_job(
                         )
             for values, index in _sample_points(info, result.segments, sample, seed):
                 result.probes += 1
-                result.samples.append(Sample(values, index, list(probe(values).kernels)))
+                try:
+                    kernels = probe(values).kernels
+                except NotImplementedError:
+                    continue  # the runtime declines this point (e.g. past 32-bit offsets)
+                result.samples.append(Sample(values, index, list(kernels)))
         if misses and info.table == CAPTURE_TABLE and info.tabled is not None:
             if batch is not None:
                 batch.close()  # capture_misses opens its own dry run
@@ -303,7 +312,8 @@ def name_job(
             if backends and "flydsl" not in backends:
                 result.tag, result.message = (
                     Tag.UNREACHED,
-                    f"served by {', '.join(sorted(backends))}",
+                    f"served by {', '.join(sorted(backends))}"
+                    + "".join(f": {reason}" for reason in sorted(reasons)[:1]),
                 )
             else:
                 result.tag = Tag.FAIL
