@@ -76,6 +76,32 @@ ARCHS: Mapping[str, ArchInfo] = MappingProxyType(
 )
 
 
+# aiter's rule for its older tuned tables, written before they had a gfx column (aiter's
+# chip_info.gfx_from_cu_num): each of these CU counts was only ever tuned on one arch. Newer archs
+# that share a count (gfx1250 reports 256 too) are always written with their gfx.
+LEGACY_CU_NUM_ARCHS: Mapping[int, str] = MappingProxyType(
+    {256: "gfx950", 80: "gfx942", 304: "gfx942"}
+)
+
+
+def arch_of_legacy_row(cells: Mapping[str, str]) -> str:
+    """The gfx of a tuned-table row written without one, from its cu_num by aiter's rule;
+    ValueError saying why when the rule names no arch for it."""
+    text = cells.get("cu_num", "")
+    try:
+        cu_num = int(float(text))
+    except ValueError:
+        raise ValueError(f"its cu_num {text!r} is not a CU count to derive it from") from None
+    arch = LEGACY_CU_NUM_ARCHS.get(cu_num)
+    if arch is None:
+        rule = ", ".join(f"{cu} -> {a}" for cu, a in LEGACY_CU_NUM_ARCHS.items())
+        raise ValueError(
+            f"aiter's rule for tables without one ({rule}) names no arch for cu_num {cu_num}, "
+            "which several archs may report: add a gfx column"
+        )
+    return arch
+
+
 def get_arch(name: str) -> ArchInfo:
     """The registry entry for `name` (a feature suffix such as ':sramecc+' is ignored)."""
     base = name.strip().lower().split(":", 1)[0]

@@ -16,7 +16,9 @@ from .errors import TableError
 
 @dataclass(frozen=True)
 class RawTable:
-    """A file's header and its data records, each with its 1-based starting line."""
+    """A file's header and its data records, each with its 1-based starting line. A record may
+    hold fewer cells than the header (pandas, which aiter's tuners write with, reads the missing
+    trailing cells as empty); `load_table` refuses one that leaves out a column it needs."""
 
     path: str
     header: tuple[str, ...]
@@ -76,7 +78,7 @@ def _read(name: str, handle: Iterable[str]) -> RawTable:
         if header is None:
             header, header_line = _check_header(name, start, cells), start
             continue
-        if len(cells) != len(header):
+        if len(cells) > len(header):
             raise TableError(
                 f"{name}:{start}: expected {len(header)} cells ({', '.join(header)}), "
                 f"found {len(cells)}",

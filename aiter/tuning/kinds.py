@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 KINDS = ("int", "float", "str", "optional_str", "bool01", "optional_float")
@@ -39,6 +39,10 @@ class Column:
     pattern_help: str = ""  # what the pattern asks for, in words
     required: bool = True  # False: a file may leave the column out (its cells read as empty)
     multiple: int | None = None  # for int columns: what every value must be a multiple of
+    # What a cell reads as in a file that leaves the column out (another of aiter's column sets):
+    # a text, or a function of the row's cells as written that returns one (ValueError: the row
+    # cannot say, and its message says why). None: a file must have the column (if required).
+    absent: str | Callable[[Mapping[str, str]], str] | None = None
 
     @property
     def upper_bound(self) -> int | None:
@@ -83,7 +87,7 @@ class Column:
             )
         if self.multiple is not None and (self.kind != "int" or self.multiple < 1):
             raise ValueError(f"column {self.name!r}: a multiple needs an int column and 1 or more")
-        if not self.required and not self.kind.startswith("optional"):
+        if not self.required and self.absent is None and not self.kind.startswith("optional"):
             raise ValueError(
                 f"column {self.name!r}: a column files may leave out needs an optional kind"
             )

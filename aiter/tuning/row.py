@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import TableError
-from .kinds import EXPECTED, parse_int, parse_optional_float
+from .kinds import EXPECTED, parse_bool01, parse_int, parse_optional_float
 
 
 def row_name(ref: str) -> str:
@@ -48,6 +48,15 @@ class Row:
             return parse_int(text)
         except ValueError:
             raise self._bad_cell(name, text, "int") from None
+
+    def flag(self, name: str) -> bool:
+        """The cell as a flag (0/1 or True/False, as aiter's tuners write either); TableError if
+        it is neither."""
+        text = self[name]
+        try:
+            return bool(parse_bool01(text))
+        except ValueError:
+            raise self._bad_cell(name, text, "bool01") from None
 
     def float(self, name: str) -> float | None:
         """The cell as a float, None when empty; TableError if it is not a number."""

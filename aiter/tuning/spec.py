@@ -14,7 +14,7 @@ from pathlib import Path
 
 from .kinds import Column
 from .row import Row
-from .table import RowCheck, TunedTable, load_table
+from .table import RowCheck, TunedTable, Unserved, load_table
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 CONFIG_DIR_ENV = "AITER_CONFIG_DIR"  # a directory of default tables that replaces aiter/configs
@@ -60,6 +60,13 @@ class TableSpec:
     aot_module: str = ""  # the AOT module that replays it (`--module`), for messages
     # Checks of whole rows at load, for constraints between cells (see load_table).
     row_checks: tuple[RowCheck, ...] = ()
+    # Why this library serves no call of a valid row (set aside with the reason, see load_table).
+    unserved: tuple[Unserved, ...] = ()
+    # The backend a row names (aiter's libtype, or what its kernel names say), for the summary.
+    backend_of: Callable[[Row], str] | None = None
+    # The base name of aiter's tuned files for this table (e.g. "bf16_tuned_gemm"): aiter's
+    # runtime merges <name>.csv with every model_configs/*<name>*.csv (see aiter_files).
+    aiter_name: str = ""
     # For a table of shapes the runtime never looks up: whether a row covers the call whose
     # covering row's cells (a dispatch record's table_row) are given.
     covers: Callable[[Row, Mapping[str, str]], bool] | None = None
@@ -117,6 +124,21 @@ class TableSpec:
     def row_axis_value(self, row: Row) -> int:
         return row.int(self.axis.column)
 
+    @property
+    def required_columns(self) -> tuple[str, ...]:
+        """The columns every file of the table must have (the others have an `absent` rule)."""
+        return tuple(c.name for c in self.columns if c.required and c.absent is None)
+
+    def aiter_files(self, configs: Path) -> list[Path]:
+        """The files of a directory laid out as aiter's `aiter/configs` that aiter's runtime
+        merges into this table: <aiter_name>.csv, then model_configs/*<aiter_name>*.csv (their
+        untuned siblings left out), in name order."""
+        if not self.aiter_name:
+            return []
+        files = [configs / f"{self.aiter_name}.csv"]
+        files += sorted((configs / "model_configs").glob(f"*{self.aiter_name}*.csv"))
+        return [f for f in files if f.is_file() and "untuned" not in f.name]
+
 
 _SPECS: dict[str, TableSpec] = {}  # every spec declared in this process, by short name
 
@@ -140,6 +162,7 @@ def _load_cached(
         extra_paths=extra_paths,
         exclude=spec.exclude,
         row_checks=spec.row_checks,
+        unserved=spec.unserved,
     )
 
 

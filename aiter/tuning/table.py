@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import os
 import re
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from types import MappingProxyType
 
 from .csvio import RawTable, read_table_file, write_table_file
@@ -22,6 +22,9 @@ US_COLUMN = "us"
 PathLike = str | os.PathLike
 # A check of a whole row, for what no single cell shows: None, or (column, what was expected).
 RowCheck = Callable[[Row], tuple[str, str] | None]
+# Why this library serves no call a valid row describes (a quantization it has no kernel for),
+# or None; such a row is set aside with its reason, never an error.
+Unserved = Callable[[Row], str | None]
 
 
 class TunedTable:
@@ -36,8 +39,11 @@ class TunedTable:
         key: Sequence[str],
         m_column: str = "M",
         sources: Sequence[str] = (),
+        set_aside: Sequence[tuple[Row, str]] = (),
     ) -> None:
         self.columns: tuple[str, ...] = tuple(columns)
+        # Valid rows this library serves no call of, each with the reason (in file order).
+        self.set_aside: tuple[tuple[Row, str], ...] = tuple(set_aside)
         self.rows: tuple[Row, ...] = tuple(rows)
         self.m_column = m_column
         # Shape key without M, in the caller's order; M is handled by the buckets.
@@ -110,6 +116,7 @@ def load_table(
     extra_paths: Sequence[PathLike] = (),
     exclude: Mapping[str, tuple[str, ...]] | None = None,
     row_checks: Sequence[RowCheck] = (),
+    unserved: Sequence[Unserved] = (),
 ) -> TunedTable:
     """Read the default table, then files listed in `env_var`, then `extra_paths`.
 
@@ -118,7 +125,9 @@ def load_table(
     wins, an empty `us` loses, and on a tie the later file's row wins. A row whose cell in a
     column of `exclude` is one of that column's texts is validated, then dropped. Each of
     `row_checks` sees every row whose cells passed their columns: a (column, expected) it
-    returns refuses the table there, as a bad cell does.
+    returns refuses the table there, as a bad cell does. A row for which one of `unserved`
+    gives a reason is set aside with it (`TunedTable.set_aside`). A column a file leaves out
+    reads as its `absent` text (or what its `absent` function makes of the row's cells).
     """
     kinds = _check_schema(columns, key, m_column)
     constrained = {c.name: c for c in columns if c.constrained}
@@ -132,13 +141,20 @@ def load_table(
 
     # Columns a file may leave out still have a cell in every row (empty).
     all_columns = tuple(dict.fromkeys([*(name for raw in raws for name in raw.header), *kinds]))
-    required = {c.name: c.kind for c in columns if c.required}
+    required = {c.name: c.kind for c in columns if c.required and c.absent is None}
+    absent = {c.name: c.absent for c in columns if c.absent is not None}
     winners: dict[tuple[Hashable, ...], tuple[float, Row]] = {}
+    set_aside: list[tuple[Row, str]] = []
     for raw in raws:
         _check_columns(raw, required)
-        for row in _rows(raw, all_columns, kinds, constrained):
+        fill = {name: how for name, how in absent.items() if name not in raw.header}
+        for row in _rows(raw, all_columns, kinds, constrained, fill, required):
             _check_row(row, row_checks)
             if exclude and any(row.cells[c].strip() in v for c, v in exclude.items()):
+                continue
+            reason = next((r for r in (check(row) for check in unserved) if r), None)
+            if reason is not None:
+                set_aside.append((row, reason))
                 continue
             shape = tuple(PARSERS[kinds[name]](row.cells[name]) for name in shape_columns)
             us = _us(row)
@@ -155,6 +171,7 @@ def load_table(
         key=shape_columns,
         m_column=m_column,
         sources=[raw.path for raw in raws],
+        set_aside=set_aside,
     )
 
 
@@ -195,11 +212,33 @@ def _rows(
     all_columns: Sequence[str],
     kinds: Mapping[str, str],
     constrained: Mapping[str, Column],
+    fill: Mapping[str, str | Callable[[Mapping[str, str]], str]],
+    needed: Collection[str],
 ) -> list[Row]:
     rows = []
     for line, values in raw.records:
         cells = dict.fromkeys(all_columns, "")
-        cells.update(zip(raw.header, values, strict=True))
+        # A short record's trailing cells stay empty.
+        cells.update(zip(raw.header, values, strict=False))
+        if len(values) < len(raw.header) and any(c in needed for c in raw.header[len(values) :]):
+            header = raw.header
+            raise TableError(
+                f"{raw.path}:{line}: expected {len(header)} cells ({', '.join(header)}), "
+                f"found {len(values)}",
+                path=raw.path,
+                line=line,
+            )
+        written = dict(cells)
+        for name, how in fill.items():
+            try:
+                cells[name] = how if isinstance(how, str) else how(written)
+            except ValueError as err:
+                raise TableError(
+                    f"{raw.path}:{line}: column {name!r} is not in the file and {err}",
+                    path=raw.path,
+                    line=line,
+                    column=name,
+                ) from None
         for name, kind in kinds.items():
             try:
                 PARSERS[kind](cells[name])

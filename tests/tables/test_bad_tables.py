@@ -109,6 +109,18 @@ def _grammar(prefix: str, found: str, tail: str = "") -> str:
     return f"expected {expected}, found {found!r}"
 
 
+def _gemm_grammar(prefix: str, found: str) -> str:
+    """What a FlyDSL GEMM row naming neither a kernel of its family nor one of aiter's is told."""
+    expected = (
+        f"{prefix}_<mfma|wmma>_<tile_m>x<tile_n>x<tile_k>, one of aiter's own flydsl_... kernel "
+        "names, or an empty cell"
+    )
+    return f"expected {expected}, found {found!r}"
+
+
+LIBTYPES = "flydsl, torch, asm, ck, cktile, triton, opus, hipblaslt, rocblas, skinny"
+
+
 def _no_tile(name: str, supported: str = "...") -> str:
     return f"{name!r}: tile not supported by the mfma kernel; supported: {supported}"
 
@@ -123,11 +135,11 @@ MOE1, MOE2 = "flydsl_moe1_mfma_32x64x64", "flydsl_moe2_mfma_32x64x64_atomc"
 
 # Cells that break their column: the table is refused as it loads.
 AT_LOAD = [
-    _case("a16w16", "kernelName", f"{A16}_mfma_64x64", _grammar(A16, f"{A16}_mfma_64x64")),
-    _case("a16w16", "kernelName", f"{A16}_xmma_16x64x64", _grammar(A16, f"{A16}_xmma_16x64x64")),
-    _case("a16w16", "kernelName", "gemm_16x64x64", _grammar(A16, "gemm_16x64x64")),
-    _case("a16w16", "kernelName", f"{A16}_mfma_016x64x64", _grammar(A16, f"{A16}_mfma_016x64x64")),
-    _case("a16w16", "kernelName", f"{BS}_mfma_16x64x64", _grammar(A16, f"{BS}_mfma_16x64x64")),
+    _case("a16w16", "kernelName", f"{A16}_mfma_64x64", _gemm_grammar(A16, f"{A16}_mfma_64x64")),
+    _case("a16w16", "kernelName", f"{A16}_xmma_16x64x64", _gemm_grammar(A16, f"{A16}_xmma_16x64x64")),
+    _case("a16w16", "kernelName", "gemm_16x64x64", _gemm_grammar(A16, "gemm_16x64x64")),
+    _case("a16w16", "kernelName", f"{A16}_mfma_016x64x64", _gemm_grammar(A16, f"{A16}_mfma_016x64x64")),
+    _case("a16w16", "kernelName", f"{BS}_mfma_16x64x64", _gemm_grammar(A16, f"{BS}_mfma_16x64x64")),
     _case("a16w16", "M", "0", "expected an integer from 1 to 2147483647, found '0'"),
     _case("a16w16", "N", "-320", "expected an integer from 1 to 2147483647, found '-320'"),
     _case("a16w16", "K", "0", "expected an integer from 1 to 2147483647, found '0'"),
@@ -137,9 +149,9 @@ AT_LOAD = [
     _case("a16w16", "bias", "1_000", "expected 0/1 or True/False, found '1_000'"),
     _case("a16w16", "us", "fast", "expected a number or an empty cell, found 'fast'"),
     _case("a16w16", "dtype", "torch.int8", "expected one of torch.bfloat16, torch.float16, found 'torch.int8'"),
-    _case("a16w16", "libtype", "triton", "expected one of flydsl, torch, found 'triton'"),
-    _case("bpreshuffle", "kernelName", f"{BS}_mfma_16x64x128", _grammar(BP, f"{BS}_mfma_16x64x128")),
-    _case("bpreshuffle", "libtype", "ck", "expected one of flydsl, torch, found 'ck'"),
+    _case("a16w16", "libtype", "cublas", f"expected one of {LIBTYPES}, found 'cublas'"),
+    _case("bpreshuffle", "kernelName", f"{BS}_mfma_16x64x128", _gemm_grammar(BP, f"{BS}_mfma_16x64x128")),
+    _case("bpreshuffle", "libtype", "cublas", f"expected one of {LIBTYPES}, found 'cublas'"),
     _case("blockscale", "kernelId", "-1", "expected an integer from 0 to 2147483647, found '-1'"),
     _case("conv3d", "kernelName", "flydsl_conv3d_mfma_32x32", f"expected {CONV_GRAMMAR} or an empty cell, found 'flydsl_conv3d_mfma_32x32'"),
     _case("moe", "kernelName2", MOE2, _grammar("flydsl_moe2", MOE2, "_<atomic|reduce>")),

@@ -31,7 +31,7 @@ from aiter.tuning import Row, TableSpec
 
 
 def _flag(row: Row, name: str) -> bool:
-    return row.int(name) == 1
+    return row.flag(name)
 
 
 def caller(spec: TableSpec, row: Row, variant: Mapping[str, str]) -> Call:

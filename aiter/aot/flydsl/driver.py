@@ -21,7 +21,12 @@ from typing import Any
 from aiter import flydsl_bridge as bridge
 from aiter.aot.flydsl.execution import memo
 from aiter.aot.flydsl.execution.options import Build, UsageError, parse
-from aiter.aot.flydsl.execution.summary import print_job_lines, print_summary, summary_rows
+from aiter.aot.flydsl.execution.summary import (
+    print_job_lines,
+    print_summary,
+    summary_rows,
+    table_lines,
+)
 from aiter.aot.flydsl.jobs.records import (
     EXIT_FAIL,
     EXIT_INTERRUPTED,
@@ -378,6 +383,9 @@ def main(module_paths: Sequence[str] | None = None, argv: Sequence[str] | None =
             write_manifest(build, report)
     rows = summary_rows(arch_reports)
     print_summary(rows, arch_reports, build.maxima)
+    if build.tables:
+        specs = [(spec, build.extra_paths(spec)) for spec in build.specs()]
+        print("\n".join(table_lines(specs)))
     if build.capture_problems:
         print(f"capture: {len(build.capture_problems)} line(s) could not be used as written "
               "(reported at the start); exit status 1", file=sys.stderr)  # fmt: skip

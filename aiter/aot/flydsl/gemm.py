@@ -38,7 +38,7 @@ def _empty(shape: tuple[int, ...], dtype):
 def _a16w16(row: Row, variant: Mapping[str, str]) -> Call:
     from aiter.ops.gemm.entry import gemm_a16w16
 
-    n, k, with_bias = row.int("N"), row.int("K"), row.int("bias") == 1
+    n, k, with_bias = row.int("N"), row.int("K"), row.flag("bias")
     fixed = FixedInputs()  # the layer's weight and bias, kept across calls
 
     def call(M: int) -> None:

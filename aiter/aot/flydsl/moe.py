@@ -82,7 +82,7 @@ def caller(spec: TableSpec, row: Row, variant: Mapping[str, str]) -> Call:
             activation=ACTIVATIONS[row["act_type"]],
             quant_type="per_token" if quantized else None,
             gate_mode=variant["gate_mode"],
-            doweight_stage1=row.int("doweight_stage1") == 1,
+            doweight_stage1=row.flag("doweight_stage1"),
             **kwargs,
         )
 

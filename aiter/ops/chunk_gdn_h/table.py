@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from aiter.ops.chunk_gdn_h.kernels.chunk_h_index import BLOCK_VS, CHUNK_SIZES, HEAD_DIMS
 from aiter.tuning import BucketAxis, Column, Row, TableSpec
+from aiter.tuning.kinds import parse_bool01
 
 INPUT_DTYPES = ("torch.bfloat16", "torch.float16")
 
@@ -34,8 +35,26 @@ def _heads_group(row: Row) -> tuple[str, str] | None:
 
 def _sequences_fit(row: Row) -> tuple[str, str] | None:
     tokens, seqs = row.int("T_flat"), row.int("N")
-    if row.int("is_varlen") == 0 and tokens % seqs:
+    if not row.flag("is_varlen") and tokens % seqs:
         return "T_flat", f"a multiple of N ({seqs}) for a dense batch: N sequences of T tokens"
+    return None
+
+
+# aiter's K5 "opt" table (chunk_gdn_h_opt_tuned.csv) leaves out the switches its kernel fixes:
+# scalar gates, no per-key gates, v_new saved. Its extra columns say how the states are stored.
+OPT_FIXED = {"use_g": "1", "use_gk": "0", "save_vn": "1"}
+
+
+def _unserved_storage(row: Row) -> str | None:
+    """This library keeps the per-chunk states in the input dtype and the final state in fp32;
+    a row of aiter's opt kernel asking otherwise names a kernel it does not have."""
+    snapshot, state = row.cells.get("snapshot_bf16", ""), row.cells.get("state_bf16", "")
+    if snapshot and not parse_bool01(snapshot):
+        return "fp32 per-chunk states (snapshot_bf16=False): this library stores the input dtype"
+    if snapshot and row.cells["dtype"] != "torch.bfloat16":
+        return f"bf16 per-chunk states of {row.cells['dtype']} inputs (snapshot_bf16=True)"
+    if state and parse_bool01(state):
+        return "a bf16 final state (state_bf16=True): this library keeps it in fp32"
     return None
 
 
@@ -48,6 +67,7 @@ def _tile_fits(row: Row) -> tuple[str, str] | None:
 CHUNK_GDN_H = TableSpec(
     name="bf16_tuned_chunk_gdn_h.csv",
     short_name="chunk_gdn_h",
+    aiter_name="chunk_gdn_h_opt_tuned",
     aot_module="chunk_gdn_h",
     env_var="AITER_CONFIG_CHUNK_GDN_H",
     columns=(
@@ -59,7 +79,7 @@ CHUNK_GDN_H = TableSpec(
         Column("BT", "int", choices=_cells(CHUNK_SIZES)),
         Column("H", "int", minimum=1),
         Column("Hg", "int", minimum=1),
-        *(Column(name, "bool01") for name in FLAG_COLUMNS),
+        *(Column(name, "bool01", absent=OPT_FIXED.get(name)) for name in FLAG_COLUMNS),
         Column("T_flat", "int", minimum=1),
         Column("N", "int", minimum=1),
         Column("BV", "int", choices=_cells(BLOCK_VS)),
@@ -68,4 +88,6 @@ CHUNK_GDN_H = TableSpec(
     key=(*LAYER_COLUMNS, "N", "T_flat"),
     axis=TOKENS_AXIS,
     row_checks=(_heads_group, _sequences_fit, _tile_fits),
+    unserved=(_unserved_storage,),
+    backend_of=lambda row: "flydsl",
 )

@@ -35,6 +35,7 @@ from aiter.ops.gemm.table import LIBTYPE_FLYDSL, LIBTYPE_TORCH
 from aiter.ops.shared.gemm_index import REDUCE_BLOCK
 from aiter.ops.shared.mainloop_index import OFFSET_LIMIT
 from aiter.tuning import Row, TableError, TableSpec
+from aiter.tuning.foreign import parse_aiter_flydsl_name
 
 MAX_SPLIT_K = 8
 MIN_K_TILES_PER_SPLIT = 4  # a split shorter than this costs more in reduction than it saves
@@ -279,6 +280,9 @@ class Plan:
     # Why no FlyDSL kernel serves the call although the row or the heuristic would have chosen
     # one (KernelFamily.cannot_serve); None when FlyDSL serves or the row says torch.
     reason: str | None = None
+    # For a row whose own kernel this library does not have (another backend's, or an aiter
+    # FlyDSL kernel whose tile does not carry over): how the row's calls are served instead.
+    served_as: str | None = None
 
     @property
     def use_torch(self) -> bool:
@@ -329,6 +333,10 @@ class Plan:
                 table=self.table,
             )
         params: dict[str, object] = {"split_k": self.choice.split_k}
+        if self.row is not None and self.row["libtype"] != LIBTYPE_FLYDSL:
+            params["row_backend"] = self.row["libtype"]
+        if self.served_as is not None:
+            params["served_as"] = self.served_as
         if self.planned is not None:
             params["fallback_from"] = _describe(self.planned)
         return dispatch.DispatchRecord(
@@ -379,7 +387,8 @@ def plan(
     torch serves when the row says so, and when the row or the heuristic would choose FlyDSL but
     no kernel of `family` can serve the call (`family.cannot_serve`: the arch's MMA flavour has
     no kernels, or N, K or M * N break the kernels' limits); the Plan's reason then says why.
-    A row with a bad libtype or kernelName is still a TableError naming its file and line.
+    A row of another backend is served by this library's choice (`_row_choice`). A row naming a
+    kernel of this library that the arch does not have is a TableError naming its file and line.
     """
     arch, cu_num = device.arch(), device.cu_num()
     lookup = {"gfx": arch, "cu_num": cu_num, **key}
@@ -387,21 +396,57 @@ def plan(
     call = GemmCall(tuple(sorted(lookup.items())), m, n, k, cu_num)
     if row is not None and row["libtype"] == LIBTYPE_TORCH:
         return Plan(op, row, None, spec.short_name, call)
-    if row is not None and row["libtype"] != LIBTYPE_FLYDSL:
-        raise _row_error(
-            row,
-            "libtype",
-            f"expected {LIBTYPE_FLYDSL!r} or {LIBTYPE_TORCH!r}, found {row['libtype']!r}",
-        )
     mma = device.arch_info().mma
-    tile = None
-    if row is not None and mma in family.tiles:  # no flavour's names to check a name against
-        try:
-            tile = family.parse_kernel_name(row["kernelName"], mma)
-        except ValueError as err:
-            raise _row_error(row, "kernelName", str(err)) from None
+    tile, split_k, served_as = _row_choice(row, family, mma)
     reason = family.cannot_serve(m, n, k, mma)
     if reason is not None:
         return Plan(op, row, None, spec.short_name, call, reason=reason)
-    choice = family.choose(m, n, k, cu_num, mma, tile, row.int("splitK") if row else 0)
-    return Plan(op, row, choice, spec.short_name, call)
+    choice = family.choose(m, n, k, cu_num, mma, tile, split_k)
+    return Plan(op, row, choice, spec.short_name, call, served_as=served_as)
+
+
+def _row_choice(
+    row: Row | None, family: KernelFamily, mma: str
+) -> tuple[Any | None, int, str | None]:
+    """The tile and split-K a row asks for (None and 0: the heuristic's), and, for a row whose
+    own kernel this library does not have, how its calls are served instead.
+
+    A row of this library's kernels names its tile; a row of aiter's own FlyDSL kernels states a
+    tile and split-K that carry over where the family has that tile; a row of another backend
+    (asm, ck, triton, ...) names a kernel this library does not have: its shapes are served by
+    the heuristic, as an untuned call would be, and the dispatch record says so.
+    """
+    if row is None:
+        return None, 0, None
+    name, backend = row["kernelName"], row["libtype"]
+    if backend != LIBTYPE_FLYDSL:
+        return None, 0, f"the row names aiter's {backend} kernel; this library's heuristic serves"
+    if mma not in family.tiles:  # no flavour's names to check a name against
+        return None, row.int("splitK"), None
+    if not name or name.startswith(family.prefix + "_"):
+        try:
+            return family.parse_kernel_name(name, mma), row.int("splitK"), None
+        except ValueError as err:
+            raise _row_error(row, "kernelName", str(err)) from None
+    stated = parse_aiter_flydsl_name(name)
+    split_k = stated.split_k if stated.split_k is not None else row.int("splitK")
+    tile = _carried_tile(family, mma, stated.tile)
+    if tile is None:
+        return (
+            None,
+            0,
+            (
+                f"aiter's FlyDSL kernel {name} ({stated.describe()}) has no {mma} tile of "
+                f"{family.prefix} here; this library's heuristic serves"
+            ),
+        )
+    return tile, split_k, f"aiter's FlyDSL kernel {name}, as {family.kernel_name(mma, tile)}"
+
+
+def _carried_tile(family: KernelFamily, mma: str, stated: tuple[int, int, int] | None) -> Any:
+    """The family's tile of `mma` with the stated tile_m x tile_n x tile_k, None if it has none."""
+    if stated is None:
+        return None
+    return next(
+        (t for t in family.tiles[mma] if (t.tile_m, t.tile_n, t.tile_k) == tuple(stated)), None
+    )

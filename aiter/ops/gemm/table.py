@@ -6,11 +6,17 @@ of a second, whether a cache is already complete. The entries derive their dtype
 
 from __future__ import annotations
 
-from aiter.tuning import BucketAxis, Column, TableSpec
+import re
 
-LIBTYPE_FLYDSL = "flydsl"
-LIBTYPE_TORCH = "torch"
-LIBTYPES = (LIBTYPE_FLYDSL, LIBTYPE_TORCH)
+from aiter.ops.shared.gemm_index_8bit import SCALE_BLOCK
+from aiter.tuning import BucketAxis, Column, Row, TableSpec
+from aiter.tuning.foreign import AITER_LIBTYPES, FLYDSL, TORCH
+
+LIBTYPE_FLYDSL = FLYDSL
+LIBTYPE_TORCH = TORCH
+# Every backend aiter's tuners write: a row of another backend is served by this library's choice
+# (plan.py says how), and its extra columns (solidx, scaleAB, tflops, ...) are kept and ignored.
+LIBTYPES = AITER_LIBTYPES
 
 # Dtypes as torch names; the entries turn them into torch dtypes.
 A16W16_INPUT_DTYPES = ("bfloat16", "float16")
@@ -36,12 +42,47 @@ def kernel_name_pattern(prefix: str) -> str:
 
 
 def _kernel_name(prefix: str) -> Column:
-    return Column(
-        "kernelName",
-        "optional_str",
-        pattern=kernel_name_pattern(prefix),
-        pattern_help=f"{prefix}_<{'|'.join(MMA_KINDS)}>_<tile_m>x<tile_n>x<tile_k> or an empty cell",
-    )
+    """Any text: a row of another backend names that backend's kernel (`_kernel_names` checks
+    the names of FlyDSL rows)."""
+    return Column("kernelName", "optional_str")
+
+
+# Names this library's GEMM kernels take; aiter's own FlyDSL names (flydsl_gemm4_..., flydsl_bpreshuflle_...)
+# start otherwise.
+OUR_PREFIXES = ("flydsl_a16w16_", "flydsl_a8w8_")
+
+
+def _kernel_names(prefix: str):
+    """A FlyDSL row names one of this library's kernels of its family, or one of aiter's own
+    FlyDSL kernels (`flydsl_...`, mapped onto this library's where its tile carries over)."""
+    ours = re.compile(kernel_name_pattern(prefix), re.ASCII)
+
+    def check(row: Row) -> tuple[str, str] | None:
+        name = row.cells["kernelName"]
+        if row.cells["libtype"] != LIBTYPE_FLYDSL or not name or ours.fullmatch(name):
+            return None
+        if name.startswith("flydsl_") and not name.startswith(OUR_PREFIXES):
+            return None
+        return (
+            "kernelName",
+            f"{prefix}_<{'|'.join(MMA_KINDS)}>_<tile_m>x<tile_n>x<tile_k>, one of aiter's own "
+            "flydsl_... kernel names, or an empty cell",
+        )
+
+    return check
+
+
+def _blockscale_shape(row: Row) -> str | None:
+    """The blockscale entry takes [N / 128, K / 128] weight scales: aiter's CK kernels also
+    serve N or K off the 128 grid (scales rounded up), which no call here can pass."""
+    for column in ("N", "K"):
+        if row.int(column) % SCALE_BLOCK:
+            return f"{column} {row[column]}: this library's blockscale GEMM needs N and K multiples of {SCALE_BLOCK}"
+    return None
+
+
+def _backend(row: Row) -> str:
+    return row.cells["libtype"]
 
 
 def _cells(names: tuple[str, ...]) -> tuple[str, ...]:
@@ -71,6 +112,7 @@ def _a8w8_choice(prefix: str) -> tuple[Column, ...]:
 A16W16 = TableSpec(
     name="bf16_tuned_gemm.csv",
     short_name="gemm_a16w16",
+    aiter_name="bf16_tuned_gemm",
     aot_module="gemm",
     env_var="AITER_CONFIG_GEMM_BF16",
     columns=(
@@ -86,11 +128,14 @@ A16W16 = TableSpec(
     ),
     key=("gfx", "cu_num", "M", "N", "K", "bias", "dtype", "outdtype"),
     axis=M_AXIS,
+    row_checks=(_kernel_names(A16W16_KERNELS),),
+    backend_of=_backend,
 )
 
 A8W8_BPRESHUFFLE = TableSpec(
     name="a8w8_bpreshuffle_tuned_gemm.csv",
     short_name="gemm_a8w8_bpreshuffle",
+    aiter_name="a8w8_bpreshuffle_tuned_gemm",
     aot_module="gemm",
     env_var="AITER_CONFIG_GEMM_A8W8_BPRESHUFFLE",
     columns=(
@@ -101,16 +146,22 @@ A8W8_BPRESHUFFLE = TableSpec(
     ),
     key=("gfx", "cu_num", "M", "N", "K", "q_dtype_w"),
     axis=M_AXIS,
+    row_checks=(_kernel_names(BPRESHUFFLE_KERNELS),),
+    backend_of=_backend,
     open_choices={"out_dtype": A8W8_OUT_DTYPES},
 )
 
 A8W8_BLOCKSCALE = TableSpec(
     name="a8w8_blockscale_tuned_gemm.csv",
     short_name="gemm_a8w8_blockscale",
+    aiter_name="a8w8_blockscale_tuned_gemm",
     aot_module="gemm",
     env_var="AITER_CONFIG_GEMM_A8W8_BLOCKSCALE",
     columns=(*_SHAPE, *_MNK, *_a8w8_choice(BLOCKSCALE_KERNELS)),
     key=("gfx", "cu_num", "M", "N", "K"),
     axis=M_AXIS,
+    row_checks=(_kernel_names(BLOCKSCALE_KERNELS),),
+    unserved=(_blockscale_shape,),
+    backend_of=_backend,
     open_choices={"out_dtype": A8W8_OUT_DTYPES},
 )

@@ -90,6 +90,8 @@ class MoePlan:
     choice: MoeChoice
     planned: MoeChoice | None = None  # set when a fallback replaced this choice
     shape: MoeShape | None = None  # what the table keys on, for the row a record suggests
+    # For a row of aiter's own stage kernels (CK, asm): how its calls are served instead.
+    served_as: str | None = None
 
     def report(self, args: Callable[[], dict[str, str]] | None = None) -> None:
         """Tell aiter.dispatch how the call is served; `args` describes the call's arguments."""
@@ -109,6 +111,8 @@ class MoePlan:
                 "ksplit": c.ksplit,
                 "stage2_mode": c.stage2_mode,
                 **({"fallback_from": describe(self.planned)} if self.planned else {}),
+                **({"row_backend": moe_table.backend_of(self.row)} if self.served_as else {}),
+                **({"served_as": self.served_as} if self.served_as else {}),
             },
             args=args() if args is not None else {},
             table=moe_table.FMOE.short_name,
@@ -201,7 +205,8 @@ def equivalent_choices(
 
 def tuned_row(key: Mapping[str, object], tokens: int) -> tuple[int, Row | None]:
     """(padded token count, the row serving it): the exact padded count first, then aiter's
-    smaller tiers above 32768; rows tagged flydsl_fallback or one-stage were dropped at load."""
+    smaller tiers above 32768; rows this library serves nothing of (tagged flydsl_fallback,
+    one-stage, kinds it has no kernel for) were set aside at load."""
     padded = moe_host.get_padded_M(tokens)
     table = moe_table.FMOE.load()
     for tier in moe_host.moe_padded_tiers(padded):
@@ -258,11 +263,17 @@ def plan(shape: MoeShape, tokens: int) -> MoePlan:
             f"{', '.join(STAGE_TILES)}"
         )
     padded, row = tuned_row(shape.key(arch, cu_num), tokens)
-    block_m = row.int("block_m") if row is not None else 0
-    ksplit = row.int("ksplit") if row is not None else 0
+    served_as = None
+    if row is not None and not moe_table.names_our_kernels(row):
+        # aiter's CK or asm stage kernels: their block_m and ksplit are theirs, not ours.
+        names = "+".join(row[c] for c in ("kernelName1", "kernelName2") if row[c])
+        served_as = f"the row names aiter's {names}; this library's planner serves"
+    ours = row is not None and served_as is None
+    block_m = row.int("block_m") if ours else 0
+    ksplit = row.int("ksplit") if ours else 0
     tile1 = tile2 = None
     mode = default_stage2_mode(shape, mma)
-    if row is not None:
+    if ours:
         for stage, column in ((1, "kernelName1"), (2, "kernelName2")):
             if not row[column]:
                 continue
@@ -289,4 +300,4 @@ def plan(shape: MoeShape, tokens: int) -> MoePlan:
         )
     default = GemmTile(block_m, DEFAULT_TILE_N, DEFAULT_TILE_K[shape.quantized])
     choice = MoeChoice(mma, block_m, tile1 or default, tile2 or default, ksplit, mode)
-    return MoePlan(tokens, padded, row, choice, shape=shape)
+    return MoePlan(tokens, padded, row, choice, shape=shape, served_as=served_as)

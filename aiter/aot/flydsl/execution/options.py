@@ -112,7 +112,8 @@ def _choices(specs: Sequence[TableSpec]) -> str:
 
 def assign_csv(specs: Sequence[TableSpec], items: Sequence[str]) -> dict[TableSpec, list[str]]:
     """Which table each --csv extends: `TABLE=PATH` names it (file name or short name); a bare
-    PATH is accepted when exactly one table has exactly its columns."""
+    PATH goes to the table whose aiter file name its name holds (`dsv3_bf16_tuned_gemm.csv`),
+    else to the one table whose columns it has (the most specific, when several fit)."""
     assigned: dict[TableSpec, list[str]] = {}
     for item in items:
         name, sep, path = item.partition("=")
@@ -125,24 +126,43 @@ def assign_csv(specs: Sequence[TableSpec], items: Sequence[str]) -> dict[TableSp
             raise UsageError(f"--csv {item}: no path after '='; expected --csv {name}=PATH")
         _check_csv_path(path)
         header = _read_header(path)
-        if named:
-            spec = named[0]
-            lacking = [c for c in spec.header if c not in header]
-            if lacking:
-                raise UsageError(
-                    f"--csv {item}: lacks {spec.short_name}'s columns {', '.join(lacking)}"
-                )
-        else:
-            fits = [s for s in specs if set(s.header) == header]
-            if len(fits) != 1:
-                why = "fit none of" if not fits else "fit more than one of"
-                raise UsageError(
-                    f"--csv {path}: its columns {why} the tables; say which with "
-                    f"--csv TABLE={path}, TABLE one of: {_choices(specs)}"
-                )
-            spec = fits[0]
+        spec = named[0] if named else _fitting_spec(specs, path, header)
+        lacking = [c for c in spec.required_columns if c not in header]
+        if lacking:
+            raise UsageError(
+                f"--csv {item}: lacks {spec.short_name}'s columns {', '.join(lacking)}"
+            )
         assigned.setdefault(spec, []).append(str(Path(path).resolve()))
     return assigned
+
+
+def _fitting_spec(specs: Sequence[TableSpec], path: str, header: set[str]) -> TableSpec:
+    by_name = [s for s in specs if s.aiter_name and s.aiter_name in Path(path).name]
+    if by_name:
+        return max(by_name, key=lambda s: len(s.aiter_name))
+    fits = [s for s in specs if set(s.required_columns) <= header]
+    # Of tables whose columns the file has, the one needing the most (a8w8 bpreshuffle's
+    # q_dtype_w over blockscale's), when its columns hold every other's.
+    fits = [
+        s for s in fits if all(set(o.required_columns) <= set(s.required_columns) for o in fits)
+    ]
+    if len(fits) != 1:
+        why = "fit none of" if not fits else "fit more than one of"
+        raise UsageError(
+            f"--csv {path}: its columns {why} the tables; say which with "
+            f"--csv TABLE={path}, TABLE one of: {_choices(specs)}"
+        )
+    return fits[0]
+
+
+def aiter_configs(specs: Sequence[TableSpec], directory: str) -> dict[TableSpec, list[str]]:
+    """The files of aiter's `aiter/configs` layout under `directory` that aiter's runtime merges
+    into each table (TableSpec.aiter_files)."""
+    root = Path(directory)
+    if not root.is_dir():
+        raise UsageError(f"--aiter-configs {directory}: not a directory (expected aiter/configs)")
+    found = {spec: [str(f.resolve()) for f in spec.aiter_files(root)] for spec in specs}
+    return {spec: files for spec, files in found.items() if files}
 
 
 def _table_archs(
@@ -255,6 +275,12 @@ def _parser(prog: str, axes: dict[str, Any], combined: bool) -> argparse.Argumen
         metavar="TABLE=PATH",
         help="an extra tuned table for TABLE (its file or short name), merged like the table's "
         "environment variable; a bare PATH when only one table has its columns (repeatable)",
+    )
+    parser.add_argument(
+        "--aiter-configs",
+        metavar="DIR",
+        help="a directory laid out as aiter's aiter/configs: each table is extended with the "
+        "files aiter's runtime merges into it (<name>.csv and model_configs/*<name>*.csv)",
     )
     parser.add_argument(
         "--capture",
@@ -414,8 +440,12 @@ def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Bui
             print(f"--capture: calls of {', '.join(ignored)} are not replayed here (no module "
                   "of this build declares them)", file=sys.stderr)  # fmt: skip
         print(_capture_summary(captured, len(captured_modules)), file=sys.stderr)
+    if args.aiter_configs:
+        for spec, paths in aiter_configs(build.specs(), args.aiter_configs).items():
+            build.extra_tables.setdefault(spec.name, []).extend(paths)
+            print(f"--aiter-configs: {len(paths)} file(s) extend {spec.name}", file=sys.stderr)
     for spec, paths in assign_csv(build.specs(), args.csv).items():
-        build.extra_tables[spec.name] = paths
+        build.extra_tables.setdefault(spec.name, []).extend(paths)
         print(f"--csv: {', '.join(paths)} extend {spec.name}", file=sys.stderr)
     build.cache_dir = _cache_dir(args.cache_dir, mode)
     specs = build.specs() if build.tables else []

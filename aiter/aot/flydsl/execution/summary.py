@@ -7,6 +7,7 @@ The typed report itself (`--report PATH`) is the driver's; this module only prin
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -18,6 +19,7 @@ from aiter.aot.flydsl.jobs.records import (
     SampleProblem,
     Tag,
 )
+from aiter.tuning import TableSpec
 
 TAG_COLUMNS = [tag.value for tag in Tag]  # the summary's columns of jobs per tag, in order
 
@@ -162,3 +164,24 @@ def print_summary(
         if report.shard:
             kept = len(report.results)
             print(f"shard {report.shard} of {report.arch}: {kept} of {report.jobs_total} jobs")
+
+
+def table_lines(tables: Sequence[tuple[TableSpec, Sequence[str]]]) -> list[str]:
+    """One line per table the build read: its rows by the backend each names (a row of another
+    backend than this library's is served by this library's choice, never a failure), and the
+    rows set aside because this library serves nothing they describe, with their reasons."""
+    lines = []
+    for spec, extra_paths in tables:
+        table = spec.load(extra_paths)
+        files = spec.name + (f" + {len(extra_paths)} more file(s)" if extra_paths else "")
+        line = f"table {spec.short_name} ({files}): {len(table.rows)} rows"
+        if spec.backend_of is not None and table.rows:
+            backends = Counter(spec.backend_of(row) for row in table.rows)
+            line += " (" + ", ".join(f"{b} {n}" for b, n in backends.most_common()) + ")"
+        if table.set_aside:
+            reasons = Counter(reason for _, reason in table.set_aside)
+            line += f"; {len(table.set_aside)} set aside: " + "; ".join(
+                f"{n} x {reason}" for reason, n in reasons.most_common()
+            )
+        lines.append(line)
+    return lines
