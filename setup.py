@@ -125,6 +125,7 @@ setup(
         "pandas==3.1.1",
         "numpy==2.4.6",
         "ziglang==0.17.1",
+        "msgpack==1.2.4",  # the emulator reads a code object's AMDGPU metadata note
     ],
     extras_require={
         "dev": [
