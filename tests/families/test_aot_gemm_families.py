@@ -178,10 +178,10 @@ def test_rows_no_flydsl_kernel_can_serve_are_unreached(listing):
         *(("gfx1250", f"{A8W8_BLOCKSCALE.name}:4", v) for v in OUT_VARIANTS),
     ]
     for result in unreached:
-        assert result.message == UNREACHED and not result.kernels()
+        assert result.message.startswith(UNREACHED) and not result.kernels()
         assert [(s.lo, s.hi, s.backends) for s in result.segments] == [(1, MAX_M, ["torch"])]
     lines = lines_starting(proc.stdout, "UNREACHED")
-    assert len(lines) == 3 and all(x.endswith(UNREACHED) for x in lines), proc.stdout
+    assert len(lines) == 3 and all(UNREACHED in x for x in lines), proc.stdout
     assert f"          M 1-{MAX_M}: (no FlyDSL kernel: served by torch)" in proc.stdout
     assert not [r for a in reports.values() for r in a.results if r.tag in ("SKIP", "FAIL")]
 
@@ -402,8 +402,8 @@ CHOICES = [f"{s.short_name} ({s.name})" for s in (A16W16, A8W8_BPRESHUFFLE, A8W8
 
 @pytest.mark.parametrize(
     "header",
-    [BPRE_HEADER + ",tflops", "gfx,cu_num,M,N,K,us"],
-    ids=["more-columns", "fewer-columns"],
+    ["gfx,cu_num,M,N,K,us"],
+    ids=["fewer-columns"],
 )
 def test_bare_csv_of_no_table_asks_for_its_name(empty_env, tmp_path, header):
     path = _csv(tmp_path, header)
