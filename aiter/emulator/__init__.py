@@ -19,10 +19,12 @@ from aiter.emulator.errors import (
 from aiter.emulator.kernargs import pack_kernargs
 from aiter.emulator.launch import LaunchStats, launch
 from aiter.emulator.memory import Memory
+from aiter.emulator.races import DataRace, Race
 
 __all__ = [
     "CodeObject",
     "CodeObjectError",
+    "DataRace",
     "DecodeError",
     "DisassemblerNotFound",
     "EmulatorError",
@@ -33,6 +35,7 @@ __all__ = [
     "Memory",
     "MemoryFault",
     "MissingWait",
+    "Race",
     "UnsupportedInstruction",
     "launch",
     "load_code_object",

@@ -18,6 +18,7 @@ from aiter.emulator.decode import Program, decode
 from aiter.emulator.errors import EmulatorError, MissingWait, UnsupportedInstruction
 from aiter.emulator.memory import Memory
 from aiter.emulator.ops import Ctx
+from aiter.emulator.races import GlobalWrites, LdsTracker, Race, RaceLog
 from aiter.emulator.scheduler import Executor, run_workgroup
 from aiter.emulator.state import LANES, Pending, WaitHazard, Wave, WorkGroup, mask_to_bits
 
@@ -37,6 +38,7 @@ class LaunchStats:
     by_mnemonic: Counter = field(default_factory=Counter)
     counts: dict[str, int] = field(default_factory=dict)
     hazards: list[WaitHazard] = field(default_factory=list)
+    races: list[Race] = field(default_factory=list)
 
 
 def _code_object(code: bytes) -> CodeObject:
@@ -131,6 +133,7 @@ def launch(
     *,
     strict_waits: bool = True,
     max_instructions: int = 5_000_000,
+    races: str = "collect",
 ) -> LaunchStats:
     """Run `kernel_name` of `code_object` over `grid` work-groups of `block` work-items.
 
@@ -138,7 +141,13 @@ def launch(
     strict_waits: raise MissingWait at the first read of a load's destination that no
     s_waitcnt has retired; otherwise record it in LaunchStats.hazards and go on (the read sees
     the register's old value, as the hardware may).
+    races: "raise" stops at the first data race (DataRace), "collect" lists them in
+    LaunchStats.races, "off" skips the check. A race is an LDS byte two waves of a work-group
+    touch in one barrier epoch (one access a write), or a global byte two work-groups write
+    with plain stores.
     """
+    if races not in ("raise", "collect", "off"):
+        raise ValueError(f"races: expected 'raise', 'collect' or 'off', got {races!r}")
     co = _code_object(code_object)
     kernel = co.kernel(kernel_name)
     if kernel.wavefront_size != LANES:
@@ -173,14 +182,23 @@ def launch(
     groups = [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
     rng.shuffle(groups)  # work-groups run in no fixed order on the hardware either
     lds_bytes = kernel.group_segment_fixed_size + dynamic_lds
+    log = RaceLog(kernel.name, races == "raise")
+    writes = GlobalWrites() if races != "off" else None
     for group_id in groups:
         group = WorkGroup(group_id, np.zeros(lds_bytes, np.uint8))
+        if races != "off":
+            group.lds_races = LdsTracker(lds_bytes, group_id, log)
         group.waves = _make_waves(kernel, group_id, block, user)
         stats.waves += len(group.waves)
         for wave in group.waves:
             wave.on_hazard = _hazard_reporter(stats, kernel, group, wave, program, strict_waits)
-        ctx = Ctx(kernel, memory, group, stats.counts)
+        ctx = Ctx(kernel, memory, group, stats.counts, writes)
         run_workgroup(executor, ctx, rng, max_instructions)
+        if writes is not None:
+            writes.end_group(group_id)
+    if writes is not None:
+        writes.check(log)
+    stats.races = log.races
     for pc, n in executor.issued.items():
         stats.by_mnemonic[program.at(pc).mnemonic] += n
     stats.instructions = sum(executor.issued.values())

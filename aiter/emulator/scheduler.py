@@ -82,6 +82,7 @@ def run_workgroup(executor: Executor, ctx: Ctx, rng: random.Random, max_instruct
                 # longer count toward it).
                 for w in live:
                     w.at_barrier = False
+                ctx.group.epoch += 1
                 continue
             wave = runnable[rng.randrange(len(runnable))] if len(runnable) > 1 else runnable[0]
             executor.step(ctx, wave)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from aiter.emulator.decode import EXEC, SGPR_FILE, Operand, float_bits32
+from aiter.emulator.races import LdsTracker
 
 LANES = 64
 VGPR_FILE = 512  # 256 arch VGPRs + 256 AccVGPRs: the unified file of gfx90a and later
@@ -214,3 +215,5 @@ class WorkGroup:
     id: tuple[int, int, int]
     lds: np.ndarray
     waves: list[Wave] = field(default_factory=list)
+    epoch: int = 0  # s_barrier releases so far
+    lds_races: LdsTracker | None = None

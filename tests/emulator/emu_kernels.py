@@ -47,3 +47,21 @@ def emu_axpy(
     emu_axpy_kernel(a, b, c, BLOCK).launch(
         grid=((n + BLOCK - 1) // BLOCK, 1, 1), block=[BLOCK, 1, 1], stream=stream
     )
+
+
+@flyc.kernel
+def emu_lds_exchange_kernel(src: fx.Tensor, dst: fx.Tensor):
+    """dst[t] = src[(t + 64) % BLOCK]: each thread stages its value in LDS, and after a barrier
+    reads the slot a thread of the next wave staged (tests remove the barrier to seed a race)."""
+    tid = fx.thread_idx.x
+    slots = fx.SharedAllocator().allocate(fx.Array[fx.Float32, BLOCK, 16]).peek().ptr
+    value = fx.ptr_load(fx.get_iter(src) + fx.Int64(tid), result_type=fx.Float32)
+    fx.ptr_store(value, slots + tid)
+    fx.barrier()
+    other = fx.ptr_load(slots + (tid + 64) % BLOCK, result_type=fx.Float32)
+    fx.ptr_store(other, fx.get_iter(dst) + fx.Int64(tid))
+
+
+@flyc.jit
+def emu_lds_exchange(src: fx.Tensor, dst: fx.Tensor, stream: fx.Stream = fx.Stream(None)):
+    emu_lds_exchange_kernel(src, dst).launch(grid=(1, 1, 1), block=[BLOCK, 1, 1], stream=stream)

@@ -15,6 +15,7 @@ from aiter.emulator.codeobject import Kernel, KernelDescriptor
 from aiter.emulator.decode import parse_disassembly
 from aiter.emulator.memory import Memory
 from aiter.emulator.ops import Ctx
+from aiter.emulator.races import LdsTracker, Race, RaceLog
 from aiter.emulator.scheduler import Executor, run_workgroup
 from aiter.emulator.state import MASK64, WaitHazard, Wave, WorkGroup
 
@@ -35,6 +36,7 @@ class Run:
     memory: Memory
     hazards: list[WaitHazard]
     counts: dict[str, int]
+    races: list[Race]
 
 
 def run(
@@ -46,19 +48,24 @@ def run(
     seed: int = 0,
     strict_waits: bool = True,
     lds_init: np.ndarray | None = None,
+    arch: str = "gfx942",
+    races: str = "raise",
 ) -> Run:
     """Execute `lines` (ending in s_endpgm) on `waves` waves of one work-group; `setup(wave)`
     fills registers first. EXEC starts all ones."""
-    program = parse_disassembly(program_text(lines), "gfx942")
+    program = parse_disassembly(program_text(lines), arch)
     kd = KernelDescriptor(lds_bytes, 0, 0, 0, 0, 0, 0, 0, 0)
     kernel = Kernel(
-        name="test_kernel", arch="gfx942", descriptor=kd, entry=ENTRY,
+        name="test_kernel", arch=arch, descriptor=kd, entry=ENTRY,
         end=ENTRY + 4 * len(lines), args=(), kernarg_segment_size=0,
         group_segment_fixed_size=lds_bytes, private_segment_fixed_size=0, wavefront_size=64,
         sgpr_count=0, vgpr_count=0, agpr_count=0, max_flat_workgroup_size=1024, metadata={},
     )  # fmt: skip
     memory = memory or Memory()
     group = WorkGroup((0, 0, 0), np.zeros(lds_bytes, np.uint8))
+    log = RaceLog("test_kernel", races == "raise")
+    if races != "off":
+        group.lds_races = LdsTracker(lds_bytes, group.id, log)
     if lds_init is not None:
         group.lds[: lds_init.size] = lds_init
     hazards: list[WaitHazard] = []
@@ -72,7 +79,7 @@ def run(
     ctx = Ctx(kernel, memory, group)
     executor = Executor(program, kernel.name, ENTRY, kernel.end)
     run_workgroup(executor, ctx, random.Random(seed), 10_000)
-    return Run(group.waves, group, memory, hazards, ctx.counts)
+    return Run(group.waves, group, memory, hazards, ctx.counts, log.races)
 
 
 def _reporter(hazards, wave, program, strict):

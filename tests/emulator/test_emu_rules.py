@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from aiter.emulator import MemoryFault, MissingWait, UnsupportedInstruction
+from aiter.emulator import DataRace, MemoryFault, MissingWait, UnsupportedInstruction
 from aiter.emulator.memory import Memory
 from aiter.emulator.ops.numeric import f32_to_bf16
 from tests.emulator.harness import buffer_descriptor, run
@@ -320,9 +320,24 @@ def test_without_the_barrier_some_interleaving_reads_stale_lds() -> None:
     broken = [line for line in _EXCHANGE if line != "s_barrier"]
     stale = 0
     for seed in range(16):
-        r = run(broken, waves=2, lds_bytes=512, setup=_exchange_setup, seed=seed)
+        r = run(broken, waves=2, lds_bytes=512, setup=_exchange_setup, seed=seed, races="collect")
         stale += r.waves[0].vgpr[2].tolist() != (LANE + 200).tolist()
+        # The race report does not depend on whether this order exposed stale data.
+        assert {(x.first[1], x.second[1]) for x in r.races} <= {(0, 1), (1, 0)} and r.races
     assert stale > 0
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_lds_race_is_reported_with_both_pcs_for_every_seed(seed: int) -> None:
+    """Rule: LDS accesses of two waves to one byte, one a write, with no s_barrier between them
+    are unordered (CDNA3 ISA, S_BARRIER is the only intra-group ordering of LDS traffic between
+    waves): the race is raised in every interleaving, naming both pcs and waves and the byte."""
+    broken = [line for line in _EXCHANGE if line != "s_barrier"]
+    with pytest.raises(DataRace, match=r"LDS byte 0x[0-9a-f]+: ") as caught:
+        run(broken, waves=2, lds_bytes=512, setup=_exchange_setup, seed=seed)
+    message = str(caught.value).split("data race", 1)[1]
+    assert "wave 0 pc" in message and "wave 1 pc" in message
+    assert "pc 0x1000 (write)" in message and "pc 0x1008 (read)" in message
 
 
 def test_lds_access_past_the_allocation_raises() -> None:

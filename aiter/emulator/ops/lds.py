@@ -27,15 +27,27 @@ def _check(ctx: Ctx, addresses: np.ndarray, nbytes: int) -> None:
         )
 
 
-def lds_read(ctx: Ctx, addresses: np.ndarray, nbytes: int) -> np.ndarray:
-    """uint8 [n, nbytes] at each LDS byte address."""
+def lds_read(ctx: Ctx, addresses: np.ndarray, nbytes: int, w: Wave | None = None, pc: int = 0):
+    """uint8 [n, nbytes] at each LDS byte address (w, pc: the access, for the race check)."""
     _check(ctx, addresses, nbytes)
-    return ctx.group.lds[addresses[:, None] + np.arange(nbytes)[None, :]]
+    spans = addresses[:, None] + np.arange(nbytes)[None, :]
+    _track(ctx, spans, w, pc, False)
+    return ctx.group.lds[spans]
 
 
-def lds_write(ctx: Ctx, addresses: np.ndarray, data: np.ndarray) -> None:
+def lds_write(
+    ctx: Ctx, addresses: np.ndarray, data: np.ndarray, w: Wave | None = None, pc: int = 0
+) -> None:
     _check(ctx, addresses, data.shape[1])
-    ctx.group.lds[addresses[:, None] + np.arange(data.shape[1])[None, :]] = data
+    spans = addresses[:, None] + np.arange(data.shape[1])[None, :]
+    _track(ctx, spans, w, pc, True)
+    ctx.group.lds[spans] = data
+
+
+def _track(ctx: Ctx, spans: np.ndarray, w: Wave | None, pc: int, write: bool) -> None:
+    tracker = ctx.group.lds_races
+    if tracker is not None and w is not None:
+        tracker.access(spans, w.index, pc, ctx.group.epoch, write)
 
 
 def _base(w: Wave, i: Instruction) -> np.ndarray:
@@ -75,7 +87,7 @@ def _read(nbytes: int, signed: bool = False, half: str | None = None):
         mask = w.exec_mask()
         addr = _base(w, i) + i.mod_int("offset")
         data = np.zeros((LANES, nbytes), np.uint8)
-        data[mask] = lds_read(ctx, addr[mask], nbytes)
+        data[mask] = lds_read(ctx, addr[mask], nbytes, w, i.address)
         if nbytes >= 4:
             values = _as_dwords(data)
         else:
@@ -97,7 +109,7 @@ def _write(nbytes: int, hi: bool = False):
         if hi:
             raw = raw >> U32(16)
         data = np.ascontiguousarray(raw.T).view(np.uint8)[:, :nbytes]
-        lds_write(ctx, addr[mask], data[mask])
+        lds_write(ctx, addr[mask], data[mask], w, i.address)
         # An LDS write counts toward lgkmcnt until it completes, like a read.
         w.issue(Pending("lgkm", pc=i.address))
         _count(ctx, "lds_write_bytes", int(mask.sum()) * nbytes)
@@ -116,7 +128,9 @@ def _read2(nbytes: int, stride64: bool):
         data = np.zeros((LANES, 2 * nbytes), np.uint8)
         for k, name in enumerate(("offset0", "offset1")):
             addr = base + scale * i.mod_int(name)
-            data[mask, k * nbytes : (k + 1) * nbytes] = lds_read(ctx, addr[mask], nbytes)
+            data[mask, k * nbytes : (k + 1) * nbytes] = lds_read(
+                ctx, addr[mask], nbytes, w, i.address
+            )
         _pending(w, i, _as_dwords(data), mask)
         _count(ctx, "lds_read_bytes", int(mask.sum()) * 2 * nbytes)
 
@@ -134,7 +148,7 @@ def _write2(nbytes: int, stride64: bool):
             raw = w.read_vector(i.operands[1 + k], dwords)
             data = np.ascontiguousarray(raw.T).view(np.uint8)
             addr = base + scale * i.mod_int(name)
-            lds_write(ctx, addr[mask], data[mask])
+            lds_write(ctx, addr[mask], data[mask], w, i.address)
         w.issue(Pending("lgkm", pc=i.address))
         _count(ctx, "lds_write_bytes", int(mask.sum()) * 2 * nbytes)
 

@@ -106,3 +106,23 @@ def op_sel(inst: Instruction, name: str = "op_sel") -> list[int]:
         return [0, 0, 0, 0]
     bits = [int(b) for b in text.strip("[]").split(",")]
     return bits + [0] * (4 - len(bits))
+
+
+def fma_f32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """a * b + c rounded once to f32, as a fused multiply-add does.
+
+    The f64 product of two f32 values is exact; the f64 sum is made round-to-odd (its error,
+    found by TwoSum, nudges an even result one f64 ulp toward the exact value), and a
+    round-to-odd value with 29 spare bits rounds to f32 exactly as the exact sum would.
+    """
+    a64, b64 = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    product = a64 * b64
+    addend = np.asarray(c, np.float64)
+    total = product + addend
+    back = total - product
+    err = (product - (total - back)) + (addend - back)
+    even = (total.view(np.uint64) & np.uint64(1)) == 0
+    nudge = (err != 0) & even & np.isfinite(total)
+    toward = np.where(err > 0, np.inf, -np.inf)
+    total = np.where(nudge, np.nextafter(total, toward), total)
+    return total.astype(np.float32)

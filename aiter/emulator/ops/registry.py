@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from aiter.emulator.codeobject import Kernel
 from aiter.emulator.decode import Instruction
 from aiter.emulator.memory import Memory
+from aiter.emulator.races import GlobalWrites
 from aiter.emulator.state import Wave, WorkGroup
 
 
@@ -23,6 +24,7 @@ class Ctx:
     memory: Memory
     group: WorkGroup
     counts: dict[str, int] = field(default_factory=dict)  # bytes moved by class
+    global_writes: GlobalWrites | None = None  # plain global stores, for the race check
 
 
 Semantics = Callable[[Ctx, Wave, Instruction], None]

@@ -5,17 +5,37 @@ written to the lanes EXEC enables, as the CDNA3 ISA ("Vector ALU Operations") de
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
 from aiter.emulator.decode import Instruction
 from aiter.emulator.errors import UnsupportedInstruction
-from aiter.emulator.ops.numeric import op_sel, source, split, typed, words_of
+from aiter.emulator.ops.numeric import fma_f32, op_sel, source, split, typed, words_of
 from aiter.emulator.ops.registry import Ctx, op
 from aiter.emulator.state import LANES, Wave, bits_to_mask, mask_to_bits
 
 U32 = np.uint32
 _SIXTEEN = ("f16", "bf16", "u16", "i16", "b16")
+
+
+@dataclass(frozen=True)
+class LaneOp:
+    """A lane-wise operation D = fn(S0, S1, ...) with its operand types, kept so that other
+    encodings of the same opcode (SDWA) can reuse it; `arch_fn(arch)` gives fn when the
+    semantics depend on the target (fp8 flavours)."""
+
+    dst: str
+    srcs: tuple[str, ...]
+    fn: Callable[..., np.ndarray] | None = None
+    arch_fn: Callable[[str], Callable[..., np.ndarray]] | None = None
+
+    def bind(self, arch: str) -> Callable[..., np.ndarray]:
+        return self.arch_fn(arch) if self.arch_fn is not None else self.fn
+
+
+LANE_OPS: dict[str, LaneOp] = {}
+COMPARES: dict[str, tuple[str, Callable[[np.ndarray, np.ndarray], np.ndarray]]] = {}
 
 
 def _u(x: np.ndarray) -> np.ndarray:
@@ -46,6 +66,8 @@ def valu(
 ) -> None:
     """Register a lane-wise operation D = fn(S0, S1, ...) with typed sources and result.
     `saturate`: the integer range `clamp` saturates an (unwrapped) integer result to."""
+    for name in names.split():
+        LANE_OPS[name] = LaneOp(dst, srcs, fn)
     is_float = dst in ("f32", "f16", "f64", "bf16")
     sixteen = dst in _SIXTEEN or any(t in _SIXTEEN for t in srcs)
     mods = (("clamp", "mul", "div") if is_float else ()) + (("op_sel",) if sixteen else ())
@@ -208,9 +230,7 @@ F32 = np.float32
 
 
 def _fma32(a, b, c):
-    # The f64 product of two f32 values is exact; one rounding to f32 after the add matches a
-    # fused multiply-add except in rare double-rounding ties.
-    return (a.astype(np.float64) * b + c).astype(F32)
+    return fma_f32(a, b, c)
 
 
 valu("v_add_f32", "f32", ("f32", "f32"), np.add)
@@ -221,6 +241,27 @@ valu("v_max_f32", "f32", ("f32", "f32"), np.fmax)
 valu("v_min_f32", "f32", ("f32", "f32"), np.fmin)
 valu("v_max3_f32", "f32", ("f32",) * 3, lambda a, b, c: np.fmax(np.fmax(a, b), c))
 valu("v_min3_f32", "f32", ("f32",) * 3, lambda a, b, c: np.fmin(np.fmin(a, b), c))
+
+
+def ieee_maximum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IEEE 754-2019 maximum: a NaN operand gives a quiet NaN, and +0 > -0."""
+    out = np.maximum(a, b)
+    zeros = (a == 0) & (b == 0)
+    out = np.where(zeros, np.where(np.signbit(a) & np.signbit(b), -0.0, 0.0), out)
+    return np.where(np.isnan(a) | np.isnan(b), np.nan, out).astype(a.dtype)
+
+
+def ieee_minimum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IEEE 754-2019 minimum: a NaN operand gives a quiet NaN, and -0 < +0."""
+    out = np.minimum(a, b)
+    zeros = (a == 0) & (b == 0)
+    out = np.where(zeros, np.where(np.signbit(a) | np.signbit(b), -0.0, 0.0), out)
+    return np.where(np.isnan(a) | np.isnan(b), np.nan, out).astype(a.dtype)
+
+
+# gfx950 (CDNA4 ISA, V_MAXIMUM3_F32 / V_MINIMUM3_F32): NaN-propagating, unlike v_max3_f32.
+valu("v_maximum3_f32", "f32", ("f32",) * 3, lambda a, b, c: ieee_maximum(ieee_maximum(a, b), c))
+valu("v_minimum3_f32", "f32", ("f32",) * 3, lambda a, b, c: ieee_minimum(ieee_minimum(a, b), c))
 valu("v_med3_f32", "f32", ("f32",) * 3, lambda a, b, c: np.nanmedian(np.stack([a, b, c]), 0))
 valu("v_fma_f32", "f32", ("f32",) * 3, _fma32)
 valu("v_mad_f32", "f32", ("f32",) * 3, lambda a, b, c: a * b + c)
@@ -408,8 +449,10 @@ for _t in ("i16", "u16", "i32", "u32", "i64", "u64"):
     for _cond, _fn in _INT_CONDS.items():
         op(f"v_cmp_{_cond}_{_t}")(_compare(_t, _fn, False))
         op(f"v_cmpx_{_cond}_{_t}")(_compare(_t, _fn, True))
+        COMPARES[f"v_cmp_{_cond}_{_t}"] = (_t, _fn)
 for _t in ("f16", "f32", "f64"):
     for _cond, _fn in _FLOAT_CONDS.items():
+        COMPARES[f"v_cmp_{_cond}_{_t}"] = (_t, _fn)
         op(f"v_cmp_{_cond}_{_t}")(_compare(_t, _fn, False))
         op(f"v_cmpx_{_cond}_{_t}")(_compare(_t, _fn, True))
 

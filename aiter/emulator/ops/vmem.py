@@ -170,6 +170,8 @@ def _buffer_store(form: Form):
             live = mask & in_range[:, k]  # out-of-range parts are dropped
             if live.any():
                 ctx.memory.write(addresses[live, k], data[live, 4 * k : 4 * k + part])
+                if ctx.global_writes is not None:
+                    ctx.global_writes.store(addresses[live, k], part, i.address)
         w.issue(Pending("vm", pc=i.address))
         _count(ctx, "global_store_bytes", int(mask.sum()) * form.nbytes)
 
@@ -219,6 +221,8 @@ def _global_store(form: Form):
         data = _bytes_of(w, i, 1, form)
         if mask.any():
             ctx.memory.write(addresses[mask], data[mask])
+            if ctx.global_writes is not None:
+                ctx.global_writes.store(addresses[mask], form.nbytes, i.address)
         w.issue(Pending("vm", pc=i.address))
         _count(ctx, "global_store_bytes", int(mask.sum()) * form.nbytes)
 
