@@ -1,5 +1,6 @@
-"""Package metadata for aiter and its C++ host planner (csrc/, a torch extension without device
-code); setup.py stays the build entry, tool settings are in pyproject.
+"""Package metadata for aiter, its C++ host planner (csrc/, a torch extension without device
+code) and its emulated HIP runtime (csrc/emulated_hip.c, plain C); setup.py stays the build
+entry, tool settings are in pyproject.
 """
 
 import os
@@ -8,7 +9,7 @@ import shutil
 import subprocess
 import sys
 
-from setuptools import Command, find_packages, setup
+from setuptools import Command, Extension, find_packages, setup
 from setuptools.command.build import build
 from setuptools.command.build_py import build_py
 
@@ -47,6 +48,52 @@ except ImportError:
 # torch: beside an installed aiter (site-packages/torch/lib), else where this build found them
 # (an editable install, whose .so stays in the source tree).
 TORCH_RPATH = ":".join(["$ORIGIN/../torch/lib", *library_paths()])
+
+
+EMULATED_HIP = "aiter.flydsl_bridge._emulated_hip"
+EMULATED_HIP_SOURCE = "csrc/emulated_hip.c"
+EMULATED_HIP_MAP = "csrc/emulated_hip.map"
+
+
+def _c_compiler() -> list[str]:
+    """The C compiler: CC when set, else cc, gcc or clang on PATH."""
+    cc = os.environ.get("CC", "").strip()
+    if cc:
+        return shlex.split(cc)
+    for name in ("cc", "gcc", "clang"):
+        if shutil.which(name):
+            return [name]
+    raise SystemExit(
+        "aiter: building the emulated HIP runtime (csrc/emulated_hip.c) needs a C compiler; "
+        "install one (Debian/Ubuntu: apt-get install gcc) or set CC"
+    )
+
+
+class BuildExtensions(BuildExtension):
+    """torch's extension build for the host planner; the emulated HIP runtime is a plain C shared
+    library named as FlyDSL's runtime expects HIP (SONAME libamdhip64.so.7, symbols versioned
+    hip_4.2), with the flags aiter.flydsl_bridge.hip_standin uses when it builds one itself."""
+
+    def build_extension(self, ext) -> None:
+        if ext.name != EMULATED_HIP:
+            super().build_extension(ext)
+            return
+        output = self.get_ext_fullpath(ext.name)
+        inputs = [*ext.sources, *ext.depends]
+        if not self.force and os.path.exists(output):
+            newest = max(os.path.getmtime(path) for path in inputs)
+            if os.path.getmtime(output) >= newest:
+                return
+        os.makedirs(os.path.dirname(output), exist_ok=True)
+        command = [
+            *_c_compiler(),
+            *("-O2", "-g0", "-std=c11", "-fPIC", "-shared"),
+            "-Wl,-soname,libamdhip64.so.7",
+            f"-Wl,--version-script={EMULATED_HIP_MAP}",
+            *("-o", output, *ext.sources),
+        ]
+        print(shlex.join(command))
+        subprocess.run(command, check=True)
 
 
 class BuildPyFresh(build_py):
@@ -109,11 +156,15 @@ setup(
             # torch 2.13's headers are C++20 (torch adds -std=c++20); -g0 keeps the .so small.
             extra_compile_args={"cxx": ["-O2", "-g0"]},
             extra_link_args=[f"-Wl,-rpath,{TORCH_RPATH}"],
-        )
+        ),
+        # The HIP runtime aiter.emulated stands in with: plain C, no torch and no Python API
+        # (BuildExtensions compiles it with the C compiler), an extension only so that it
+        # installs, and lands in the sources of an editable install, like one.
+        Extension(EMULATED_HIP, [EMULATED_HIP_SOURCE], depends=[EMULATED_HIP_MAP]),
     ],
     cmdclass={
         "build_py": BuildPyFresh,
-        "build_ext": BuildExtension,
+        "build_ext": BuildExtensions,
         "build_flydsl_cache": BuildFlydslCache,
     },
     install_requires=[

@@ -20,6 +20,8 @@ _ENTRIES = {
     "conv3d": "aiter.ops.conv3d.entry",
     "flash_attn_fp8": "aiter.ops.fmha_fp8.entry",
     "chunk_gated_delta_rule_fwd_h": "aiter.ops.chunk_gdn_h.entry",
+    # Not an operator: the context that runs the operators on CPU tensors in the emulator.
+    "emulated": "aiter.emulation",
 }
 
 

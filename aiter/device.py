@@ -25,6 +25,7 @@ class DeviceFacts:
     arch: str
     cu_num: int
     stream: Any = None  # what kernels get as their launch stream
+    cpu_tensors: bool = False  # CPU tensors stand for the device's (aiter.emulated)
 
 
 _simulated: DeviceFacts | None = None
@@ -32,8 +33,12 @@ _simulated: DeviceFacts | None = None
 
 def on_gpu(t: torch.Tensor) -> bool:
     """`t.is_cuda` (a ROCm GPU's tensors are "cuda" too), read from the device itself: on the
-    dry run's FakeTensors is_cuda costs a dispatch through the fake mode, device does not."""
-    return t.device.type == "cuda"
+    dry run's FakeTensors is_cuda costs a dispatch through the fake mode, device does not.
+    Under aiter.emulated, where the emulator runs kernels on host memory, CPU tensors count."""
+    kind = t.device.type
+    if kind == "cuda":
+        return True
+    return kind == "cpu" and _simulated is not None and _simulated.cpu_tensors
 
 
 @functools.cache
@@ -98,10 +103,13 @@ def is_simulated() -> bool:
 
 
 @contextmanager
-def simulate(arch_name: str, cu_num_value: int, stream: Any = None) -> Iterator[DeviceFacts]:
-    """Answer every question of this module for a device that is not here (the AOT dry run)."""
+def simulate(
+    arch_name: str, cu_num_value: int, stream: Any = None, *, cpu_tensors: bool = False
+) -> Iterator[DeviceFacts]:
+    """Answer every question of this module for a device that is not here (the AOT dry run);
+    with cpu_tensors, CPU tensors are the device's (aiter.emulated runs kernels on them)."""
     global _simulated
-    facts = DeviceFacts(get_arch(arch_name).name, int(cu_num_value), stream)
+    facts = DeviceFacts(get_arch(arch_name).name, int(cu_num_value), stream, cpu_tensors)
     previous, _simulated = _simulated, facts
     try:
         yield facts

@@ -16,7 +16,7 @@ from aiter.emulator.errors import (
     MissingWait,
     UnsupportedInstruction,
 )
-from aiter.emulator.kernargs import pack_kernargs
+from aiter.emulator.kernargs import launch_kernargs, pack_kernargs
 from aiter.emulator.launch import LaunchStats, launch
 from aiter.emulator.memory import Memory
 from aiter.emulator.races import DataRace, Race
@@ -38,6 +38,7 @@ __all__ = [
     "Race",
     "UnsupportedInstruction",
     "launch",
+    "launch_kernargs",
     "load_code_object",
     "pack_kernargs",
 ]

@@ -14,8 +14,9 @@ from typing import Any
 import msgpack
 
 from aiter.emulator.errors import CodeObjectError
-from aiter.flydsl_bridge.elf import ELF64_HEADER, code_object_arch
+from aiter.flydsl_bridge.elf import code_object_arch
 
+_EHDR = struct.Struct("<16sHHIQQQIHHHHHH")
 _SHDR = struct.Struct("<IIQQQQIIQQ")
 _SYM = struct.Struct("<IBBHQQ")
 NT_AMDGPU_METADATA = 32
@@ -158,7 +159,7 @@ class _Section:
 
 
 def _sections(data: bytes) -> list[_Section]:
-    header = ELF64_HEADER.unpack_from(data, 0)
+    header = _EHDR.unpack_from(data, 0)
     shoff, shentsize, shnum, shstrndx = header[6], header[11], header[12], header[13]
     raw = [_SHDR.unpack_from(data, shoff + i * shentsize) for i in range(shnum)]
     names = raw[shstrndx]

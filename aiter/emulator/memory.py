@@ -95,8 +95,13 @@ class Memory:
         out = np.zeros((addresses.size, nbytes), np.uint8)
         if addresses.size == 0:
             return out
-        for sel, region, index in self._spans(addresses, nbytes):
-            out[sel] = region.data[index]
+        pos, regions = self._locate(addresses, nbytes)
+        span = np.arange(nbytes, dtype=np.int64)
+        for r in np.unique(pos):
+            sel = pos == r
+            region = regions[int(r)]
+            offsets = (addresses[sel] - np.uint64(region.base)).astype(np.int64)
+            out[sel] = region.data[offsets[:, None] + span]
         return out
 
     def write(self, addresses: np.ndarray, data: np.ndarray) -> None:
@@ -105,19 +110,13 @@ class Memory:
         if addresses.size == 0:
             return
         nbytes = data.shape[1]
-        for sel, region, index in self._spans(addresses, nbytes):
-            region.data[index] = data[sel]
-
-    def _spans(self, addresses: np.ndarray, nbytes: int):
-        """Per region the accesses fall in: (which addresses, the region, the byte index
-        [n, nbytes] of each access inside the region's buffer)."""
         pos, regions = self._locate(addresses, nbytes)
         span = np.arange(nbytes, dtype=np.int64)
         for r in np.unique(pos):
             sel = pos == r
             region = regions[int(r)]
             offsets = (addresses[sel] - np.uint64(region.base)).astype(np.int64)
-            yield sel, region, offsets[:, None] + span
+            region.data[offsets[:, None] + span] = data[sel]
 
     def read_scalar(self, address: int, nbytes: int) -> bytes:
         return self.read(np.array([address], np.uint64), nbytes)[0].tobytes()

@@ -21,7 +21,7 @@ ARCH_TO_MACH: dict[str, int] = {name: info.elf_mach for name, info in ARCHS.item
 MACH_TO_ARCH: dict[int, str] = {mach: arch for arch, mach in ARCH_TO_MACH.items()}
 EF_AMDGPU_MACH_MASK = 0xFF
 
-ELF64_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")
+_ELF64_HEADER = struct.Struct("<16sHHIQQQIHHHHHH")
 
 
 @dataclass(frozen=True)
@@ -45,14 +45,14 @@ class ElfHeader:
 
 def parse_header(code: bytes) -> ElfHeader:
     """Read e_machine and e_flags of a little-endian ELF64 file (what HSACO always is)."""
-    if len(code) < ELF64_HEADER.size or code[:4] != b"\x7fELF":
+    if len(code) < _ELF64_HEADER.size or code[:4] != b"\x7fELF":
         raise ValueError(f"code: expected an ELF file, got {len(code)} bytes starting {code[:4]!r}")
     if code[4] != 2 or code[5] != 1:
         raise ValueError(
             f"code: expected a little-endian ELF64 file (EI_CLASS 2, EI_DATA 1), "
             f"got EI_CLASS {code[4]}, EI_DATA {code[5]}"
         )
-    fields = ELF64_HEADER.unpack_from(code, 0)
+    fields = _ELF64_HEADER.unpack_from(code, 0)
     return ElfHeader(e_machine=fields[2], e_flags=fields[7])
 
 

@@ -15,7 +15,7 @@ import flydsl.compiler as flyc
 import torch
 from flydsl.compiler.jit_argument import TorchTensorJitArg
 
-from aiter.flydsl_bridge import startup
+from aiter.flydsl_bridge import hip_standin, startup
 
 # Every kernel module of aiter imports this one before its first FlyDSL call: from then on a
 # kernel's first call reads only the cache entry it needs (flydsl_bridge/startup.py).
@@ -50,10 +50,15 @@ def kernel_tensor(t: torch.Tensor):
     if strides != tuple(t.stride()):
         t = t.as_strided(t.shape, strides)
     if 1 in strides[:-1]:
-        return flyc.from_torch_tensor(t).mark_layout_dynamic(leading_dim=t.dim() - 1)
-    # The last axis is the only unit-stride one, which is the axis FlyDSL's default layout-dynamic
-    # argument picks: the same key and memref, without building the layout spec at every launch.
-    return TorchTensorJitArg(t, dynamic_layout=True)
+        arg = flyc.from_torch_tensor(t).mark_layout_dynamic(leading_dim=t.dim() - 1)
+    else:
+        # The last axis is the only unit-stride one, which is the axis FlyDSL's default
+        # layout-dynamic argument picks: the same key and memref, without building the layout
+        # spec at every launch.
+        arg = TorchTensorJitArg(t, dynamic_layout=True)
+    if hip_standin.active:  # the emulator must find the tensor's memory when the kernel runs
+        hip_standin.track(t, arg)
+    return arg
 
 
 def kernel_tensors(*tensors: torch.Tensor) -> tuple:

@@ -256,7 +256,11 @@ def out_read_coord(store_pass, lane, tile_n: int, out_bytes: int, mma: str):
     """(row in the 16, first column, real) of the 16-byte run a lane stores in a pass."""
     q = store_pass * WAVE_SIZE[mma] + lane
     per_row = out_lanes_per_row(tile_n, out_bytes)
-    real = q < MMA_MN * per_row
+    runs = MMA_MN * per_row
+    real = q < runs
+    # An idle lane (not real) still reads, and its value is dropped: it reads a run of its own
+    # wave's staging area, never the next wave's, which that wave may be writing.
+    q = q % runs
     return q // per_row, (q % per_row) * (CHUNK_BYTES // out_bytes), real
 
 
