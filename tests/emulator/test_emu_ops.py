@@ -253,6 +253,79 @@ def test_atomic_pk_add_bf16_rounds_each_half_to_nearest_even() -> None:
     assert torch.equal(mem.view(torch.int16), (old + add).view(torch.int16))
 
 
+def test_atomic_pk_add_f16_rounds_each_half_to_nearest_even() -> None:
+    """Rule: global_atomic_pk_add_f16 adds each f16 half separately, rounded to nearest even
+    (CDNA3 ISA, "Global Atomic Instructions"): checked against torch's f16 addition, which
+    rounds once to nearest even, with a tie and an overflow to infinity among the lanes."""
+    rng = np.random.default_rng(4)
+    old = torch.from_numpy(rng.standard_normal(128).astype(np.float32)).half()
+    add = torch.from_numpy((rng.standard_normal(128) * 1e-2).astype(np.float32)).half()
+    old[0], add[0] = 1.0, 2.0**-11  # exactly half an ulp of 1.0: stays 1.0
+    old[1], add[1] = 65504.0, 32.0  # the largest f16 plus half its ulp: infinity
+    mem = old.clone()
+    memory = Memory()
+    base = memory.add(mem.view(torch.uint8).numpy(), "acc")
+
+    def setup(w):
+        _pair(w, 2, base + 4 * LANE.astype(np.uint64))
+        w.vgpr[4] = add.view(torch.int32).numpy().view(np.uint32)
+
+    run(["global_atomic_pk_add_f16 v[2:3], v4, off", "s_endpgm"], memory, setup=setup)
+    assert torch.equal(mem.view(torch.int16), (old + add).view(torch.int16))
+    assert mem[0].item() == 1.0 and mem[1].item() == float("inf")
+
+
+def test_fma_mix_f32_mixes_f16_halves_and_f32_sources() -> None:
+    """Rule: v_fma_mix_f32 computes S0 * S1 + S2 in f32 with one rounding, source k an f16
+    (its high half when op_sel[k], else low) where op_sel_hi[k] is set, else an f32; a source's
+    neg and abs print on the operand, as llvm-objdump writes them (CDNA3 ISA, VOP3P "mix")."""
+    rng = np.random.default_rng(5)
+    halves = rng.standard_normal((2, 64)).astype(np.float16)
+    f32 = rng.standard_normal((2, 64)).astype(np.float32)
+
+    def setup(w):
+        packed = halves[0].view(np.uint16).astype(np.uint32)
+        w.vgpr[1] = packed | (halves[1].view(np.uint16).astype(np.uint32) << 16)
+        w.vgpr[2] = f32[0].view(np.uint32)
+        w.vgpr[3] = f32[1].view(np.uint32)
+
+    # D = -(hi half of v1) * v2 + |v3|, then D = (lo half of v1) * (hi half of v1) + v3
+    r = run(["v_fma_mix_f32 v4, -v1, v2, |v3| op_sel:[1,0,0] op_sel_hi:[1,0,0]",
+             "v_fma_mix_f32 v5, v1, v1, v3 op_sel:[0,1,0] op_sel_hi:[1,1,0]", "s_endpgm"],
+            Memory(), setup=setup)  # fmt: skip
+    h0, h1 = halves[0].astype(np.float64), halves[1].astype(np.float64)
+    want4 = (-h1 * f32[0].astype(np.float64) + np.abs(f32[1].astype(np.float64))).astype(np.float32)
+    want5 = (h0 * h1 + f32[1].astype(np.float64)).astype(np.float32)
+    assert np.array_equal(r.waves[0].vgpr[4].view(np.float32), want4)
+    assert np.array_equal(r.waves[0].vgpr[5].view(np.float32), want5)
+
+
+def test_fma_mixlo_mixhi_round_to_one_half_and_keep_the_other() -> None:
+    """Rule: v_fma_mixlo_f16 / v_fma_mixhi_f16 round the mix sum to f16 into D's low / high
+    half and keep the other half; neg(0) is a negated inline constant, an f32 -0.0 when
+    op_sel_hi is clear (CDNA3 ISA, VOP3P "mix")."""
+    rng = np.random.default_rng(6)
+    halves = rng.standard_normal((2, 64)).astype(np.float16)
+    f32 = rng.standard_normal((2, 64)).astype(np.float32)
+
+    def setup(w):
+        packed = halves[0].view(np.uint16).astype(np.uint32)
+        w.vgpr[1] = packed | (halves[1].view(np.uint16).astype(np.uint32) << 16)
+        w.vgpr[2] = f32[0].view(np.uint32)
+        w.vgpr[3] = f32[1].view(np.uint32)
+        w.vgpr[4] = 0xABCD1234
+        w.vgpr[5] = 0xABCD1234
+
+    r = run(["v_fma_mixlo_f16 v4, v1, -v1, v3 op_sel:[0,1,0] op_sel_hi:[1,1,0]",
+             "v_fma_mixhi_f16 v5, v2, v3, neg(0)", "s_endpgm"], Memory(), setup=setup)  # fmt: skip
+    h0, h1 = halves[0].astype(np.float64), halves[1].astype(np.float64)
+    lo = (h0 * -h1 + f32[1].astype(np.float64)).astype(np.float16).view(np.uint16)
+    hi = (f32[0].astype(np.float64) * f32[1].astype(np.float64)).astype(np.float16)
+    v4, v5 = r.waves[0].vgpr[4], r.waves[0].vgpr[5]
+    assert np.array_equal(v4 & 0xFFFF, lo) and np.all(v4 >> 16 == 0xABCD)
+    assert np.array_equal(v5 >> 16, hi.view(np.uint16)) and np.all(v5 & 0xFFFF == 0x1234)
+
+
 def test_atomic_cmpswap_writes_only_on_match() -> None:
     """Rule: global_atomic_cmpswap stores DATA[31:0] when memory equals DATA[63:32] and returns
     the old value with sc0 (CDNA3 ISA pseudocode)."""

@@ -58,11 +58,25 @@ def pk_add_bf16(old: np.ndarray, data: np.ndarray) -> np.ndarray:
     return out
 
 
+def pk_add_f16(old: np.ndarray, data: np.ndarray) -> np.ndarray:
+    """Each f16 half of old plus that of data, rounded once to nearest even (the f64 sum of two
+    f16 values is exact, and numpy rounds f64 to f16 directly)."""
+    out = np.zeros_like(old)
+    for shift in (0, 16):
+        a = ((old >> U32(shift)) & U32(0xFFFF)).astype(np.uint16).view(np.float16)
+        b = ((data >> U32(shift)) & U32(0xFFFF)).astype(np.uint16).view(np.float16)
+        with np.errstate(all="ignore"):
+            total = (a.astype(np.float64) + b.astype(np.float64)).astype(np.float16)
+        out |= total.view(np.uint16).astype(U32) << U32(shift)
+    return out
+
+
 # name -> (bytes, fn(old, data) -> new); data of cmpswap carries {new, compare}.
 Update = Callable[[np.ndarray, np.ndarray], np.ndarray]
 _ATOMICS: dict[str, tuple[int, Update]] = {
     "add_f32": (4, add_f32),
     "pk_add_bf16": (4, pk_add_bf16),
+    "pk_add_f16": (4, pk_add_f16),
     "add": (4, lambda old, d: old + d),
     "swap": (4, lambda old, d: d),
     "add_x2": (8, lambda old, d: old + d),

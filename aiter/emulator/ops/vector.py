@@ -592,3 +592,57 @@ _PK_MODS = ("op_sel", "op_sel_hi", "neg_lo", "neg_hi")
 op("v_pk_add_f32", mods=_PK_MODS)(_pk_f32(np.add, 2))
 op("v_pk_mul_f32", mods=_PK_MODS)(_pk_f32(np.multiply, 2))
 op("v_pk_fma_f32", mods=_PK_MODS)(_pk_f32(_fma32, 3))
+
+
+def _mix_sources(w: Wave, i: Instruction) -> list[np.ndarray]:
+    """The three f32 sources of a VOP3P mix instruction: source k is an f32 when op_sel_hi[k]
+    is 0, else the f16 in its high (op_sel[k] = 1) or low half. A mix source takes VOP3's neg
+    and abs (the disassembler prints them on the operand: -v1, |v1|, neg(0)); abs applies
+    first (CDNA3 ISA, VOP3P "mix" opcodes)."""
+    sel, sel_hi = op_sel(i), op_sel(i, "op_sel_hi")
+    values = []
+    for k in range(3):
+        operand = i.operands[1 + k]
+        if sel_hi[k]:
+            raw = w.read_vector(operand, 1, "f16")
+            value = typed(raw, "f16", hi=bool(sel[k])).astype(np.float32)
+        else:
+            value = w.read_vector(operand, 1, "f32")[0].view(np.float32)
+        if operand.abs:
+            value = np.abs(value)
+        values.append(-value if operand.neg else value)
+    return values
+
+
+def _fma_mix(half: str | None):
+    """v_fma_mix_f32 (half None): D.f32 = S0 * S1 + S2 rounded once. v_fma_mixlo_f16 /
+    v_fma_mixhi_f16: the same sum rounded to f16 into the low / high half of D, the other half
+    kept. Clamp limits the result to [0, 1]."""
+
+    def run(ctx: Ctx, w: Wave, i: Instruction) -> None:
+        a, b, c = _mix_sources(w, i)
+        if half is None:
+            out = fma_f32(a, b, c)
+            if i.has("clamp"):
+                out = np.clip(out, 0.0, 1.0).astype(np.float32)
+            w.write_vector(i.operands[0], out.view(U32)[None, :], w.exec_mask())
+            return
+        # the exact f64 fma rounded to f16 (a product of f32 values is exact in f64; the sum
+        # rounds at most once there, far below f16's precision)
+        exact = a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)
+        if i.has("clamp"):
+            exact = np.clip(exact, 0.0, 1.0)
+        with np.errstate(all="ignore"):
+            bits = exact.astype(np.float16).view(np.uint16).astype(U32)
+        old = w.read_vector(i.operands[0], 1)[0]
+        keep, shift = (U32(0xFFFF0000), U32(0)) if half == "lo" else (U32(0xFFFF), U32(16))
+        out = (old & keep) | (bits << shift)
+        w.write_vector(i.operands[0], out[None, :], w.exec_mask())
+
+    return run
+
+
+_MIX_MODS = ("op_sel", "op_sel_hi", "clamp")
+op("v_fma_mix_f32", mods=_MIX_MODS)(_fma_mix(None))
+op("v_fma_mixlo_f16", mods=_MIX_MODS)(_fma_mix("lo"))
+op("v_fma_mixhi_f16", mods=_MIX_MODS)(_fma_mix("hi"))
