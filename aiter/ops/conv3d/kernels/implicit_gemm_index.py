@@ -430,7 +430,11 @@ def stage_read_coord(store_pass, lane, wave_cols: int, out_bytes: int, by_column
     or down the column."""
     vec = mx.CHUNK_BYTES // out_bytes
     q = store_pass * WAVE_SIZE[mma] + lane
-    real = q < stage_runs(wave_cols, out_bytes, by_column)
+    runs = stage_runs(wave_cols, out_bytes, by_column)
+    real = q < runs
+    # An idle lane (not real) still reads, and its value is dropped: it reads a run of its own
+    # wave's area, never the next wave's, which that wave may be writing.
+    q = q % runs
     if by_column:
         per_col = MMA_MN // vec
         row, col = (q % per_col) * vec, q // per_col
