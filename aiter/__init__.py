@@ -12,6 +12,7 @@ _ENTRIES = {
     "gemm_a16w16": "aiter.ops.gemm.entry",
     "gemm_a8w8_bpreshuffle": "aiter.ops.gemm.entry",
     "gemm_a8w8_blockscale": "aiter.ops.gemm.entry",
+    "gemm_a8w8_blockscale_bpreshuffle": "aiter.ops.gemm.entry",
     "shuffle_weight": "aiter.ops.gemm.entry",
     "unshuffle_weight": "aiter.ops.gemm.entry",
     "fused_topk": "aiter.ops.moe.entry",

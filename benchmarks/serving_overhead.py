@@ -32,7 +32,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from aiter.flydsl_bridge import manifest  # noqa: E402
-from aiter.ops.gemm.table import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16  # noqa: E402
+from aiter.ops.gemm.table import (  # noqa: E402
+    A8W8_BLOCKSCALE,
+    A8W8_BLOCKSCALE_BPRESHUFFLE,
+    A8W8_BPRESHUFFLE,
+    A16W16,
+)
 
 BF16 = "torch.bfloat16"
 STARTUP_ENTRIES = (10, 100, 1000)
@@ -88,7 +93,7 @@ def build_cache(work: Path) -> tuple[Path, dict[str, str]]:
     tables = work / "tables"
     tables.mkdir()
     (tables / A16W16.name).write_text("\n".join([",".join(A16W16.header), *ROWS]) + "\n")
-    for spec in (A8W8_BPRESHUFFLE, A8W8_BLOCKSCALE):
+    for spec in (A8W8_BPRESHUFFLE, A8W8_BLOCKSCALE, A8W8_BLOCKSCALE_BPRESHUFFLE):
         (tables / spec.name).write_text(",".join(spec.header) + "\n")
     env = {**os.environ, "PYTHONPATH": str(REPO), "AITER_CONFIG_DIR": str(tables)}
     env["GPU_ARCHS"] = "gfx942"

@@ -33,6 +33,7 @@ def test_archs_per_family() -> None:
         "bf16_tuned_gemm.csv": {"gfx942", "gfx950", "gfx1250"},
         "a8w8_bpreshuffle_tuned_gemm.csv": {"gfx942", "gfx950", "gfx1250"},
         "a8w8_blockscale_tuned_gemm.csv": {"gfx942", "gfx950"},
+        "a8w8_blockscale_bpreshuffle_tuned_gemm.csv": {"gfx942", "gfx950"},
     }
 
 
@@ -59,5 +60,6 @@ def test_m_buckets_and_torch_rows() -> None:
     for recipe in generate.RECIPES:
         rows = _rows(recipe.file)
         flydsl_m = {int(r["M"]) for r in rows if r["libtype"] == "flydsl"}
-        assert flydsl_m == set(generate.M_BUCKETS), recipe.file
-        assert any(r["libtype"] == "torch" for r in rows), recipe.file
+        assert flydsl_m == set(recipe.m_buckets), recipe.file
+        torch_rows = {(int(r["N"]), int(r["K"])) for r in rows if r["libtype"] == "torch"}
+        assert torch_rows == set(recipe.torch_shapes), recipe.file

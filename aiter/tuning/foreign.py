@@ -27,6 +27,37 @@ AITER_LIBTYPES = (
     "skinny",
 )
 
+# aiter's tuned tables of operators no family of this library serves yet: the base name of the
+# files (as aiter's runtime finds them, also inside model_configs/ names) -> why.
+UNSERVED_AITER_TABLES = {
+    "tuned_grouped_fmoe": "aiter's grouped fused MoE; no family here serves grouped MoE yet",
+    "tuned_fhmoe": (
+        "aiter's fused heterogeneous MoE (shared experts); no family here serves it yet"
+    ),
+    "a8w8_tuned_batched_gemm": "aiter's batched int8/fp8 GEMM; no family here serves batched GEMM",
+    "bf16_tuned_batched_gemm": "aiter's batched bf16 GEMM; no family here serves batched GEMM",
+    "batched_gemm_a8w8_blockscale_mxscale_tuned": (
+        "aiter's batched MX-scaled blockscale GEMM; no family here serves batched GEMM"
+    ),
+    "a4w4_blockscale_tuned_gemm": (
+        "aiter's fp4 (a4w4) blockscale GEMM; no family here serves 4-bit GEMMs yet"
+    ),
+}
+
+
+def unserved_aiter_table(file_name: str, served: tuple[str, ...] = ()) -> str | None:
+    """Why no family of this library reads a file of aiter's tables, when its name holds the
+    base name of one in UNSERVED_AITER_TABLES and no longer one of `served` (the aiter names of
+    the tables this library reads); None otherwise."""
+    unserved = [name for name in UNSERVED_AITER_TABLES if name in file_name]
+    if not unserved:
+        return None
+    name = max(unserved, key=len)
+    if any(len(other) > len(name) and other in file_name for other in served):
+        return None
+    return f"{name}: {UNSERVED_AITER_TABLES[name]}"
+
+
 # aiter's FlyDSL names carry the tile as `t<m>x<n>x<k>` (or a bare `<m>x<n>x<k>` after the
 # kernel's kind), the K split as `split_k<s>` or `sk<s>`, and flags as `<flag>True|False`.
 _TILE = re.compile(r"(?:^|_)t?(\d+)x(\d+)x(\d+)(?=_|$)")

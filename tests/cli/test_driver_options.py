@@ -1,6 +1,7 @@
 """The command line's decisions made in-process, without replaying: which table a --csv
-extends, which modules --module names, the usage errors for both, and that --csv reaches the
-replay as data of the Build (and its fingerprint), never as a change of the driver's environment.
+extends (and which of aiter's tables no family here reads), which modules --module names, the
+usage errors for both, and that --csv reaches the replay as data of the Build (and its
+fingerprint), never as a change of the driver's environment.
 """
 
 from __future__ import annotations
@@ -9,9 +10,14 @@ import os
 
 import pytest
 
-from aiter.aot.flydsl import registry
+from aiter.aot.flydsl import gemm, registry
 from aiter.aot.flydsl.execution.options import UsageError, assign_csv, parse
-from aiter.ops.gemm.table import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16
+from aiter.ops.gemm.table import (
+    A8W8_BLOCKSCALE,
+    A8W8_BLOCKSCALE_BPRESHUFFLE,
+    A8W8_BPRESHUFFLE,
+    A16W16,
+)
 
 SPECS = [A16W16, A8W8_BPRESHUFFLE, A8W8_BLOCKSCALE]
 
@@ -188,3 +194,46 @@ def test_the_fingerprint_covers_the_csv_file(csv_module, tmp_path) -> None:
     assert memo.fingerprint(build)[0] != before
     without = parse([csv_module], ["--cache-dir", str(tmp_path / "cache")])
     assert memo.fingerprint(without)[0] != before
+
+
+A4W4_HEADER = ("gfx", "cu_num", "M", "N", "K", "kernelId", "splitK", "us", "kernelName")
+BATCHED_HEADER = ("gfx", "cu_num", "B", "M", "N", "K", "kernelId", "splitK", "us", "kernelName")
+MOE_HEADER = ("gfx", "cu_num", "token", "model_dim", "inter_dim", "expert", "topk", "kernelName1")
+
+
+@pytest.mark.parametrize(
+    "name, columns, reason",
+    [
+        ("tuned_grouped_fmoe.csv", MOE_HEADER, "no family here serves grouped MoE yet"),
+        ("tuned_fhmoe.csv", MOE_HEADER, "aiter's fused heterogeneous MoE"),
+        ("a8w8_tuned_batched_gemm.csv", BATCHED_HEADER, "no family here serves batched GEMM"),
+        ("bf16_tuned_batched_gemm.csv", BATCHED_HEADER, "no family here serves batched GEMM"),
+        ("a4w4_blockscale_tuned_gemm.csv", A4W4_HEADER, "no family here serves 4-bit GEMMs"),
+        # the columns of a table here do not make it one: the name says what it computes
+        ("kimik3_a4w4_blockscale_tuned_gemm.csv", A8W8_BLOCKSCALE.header, "4-bit GEMMs"),
+    ],
+    ids=["grouped-fmoe", "fhmoe", "a8w8-batched", "bf16-batched", "a4w4", "a4w4-gemm-columns"],
+)
+def test_a_bare_path_of_an_aiter_table_no_family_serves_says_so(
+    tmp_path, name, columns, reason
+) -> None:
+    path = _csv(tmp_path, columns, name)
+    specs = list(gemm.FAMILY.tables)
+    with pytest.raises(UsageError) as info:
+        assign_csv(specs, [str(path)])
+    message = str(info.value)
+    assert message.startswith(f"--csv {path}: not served by this library: "), message
+    assert reason in message
+    assert "TABLE=" not in message  # naming a table would not help
+
+
+def test_aiter_names_of_tables_served_here_are_not_taken_for_unserved_ones(tmp_path) -> None:
+    specs = list(gemm.FAMILY.tables)
+    blockscale = _csv(tmp_path, A8W8_BLOCKSCALE.header, "dsv4_a8w8_blockscale_tuned_gemm.csv")
+    preshuffled = _csv(
+        tmp_path, A8W8_BLOCKSCALE.header, "glm5_a8w8_blockscale_bpreshuffle_tuned_gemm.csv"
+    )
+    assert assign_csv(specs, [str(blockscale), str(preshuffled)]) == {
+        A8W8_BLOCKSCALE: [str(blockscale.resolve())],
+        A8W8_BLOCKSCALE_BPRESHUFFLE: [str(preshuffled.resolve())],
+    }

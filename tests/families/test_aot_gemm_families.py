@@ -16,7 +16,12 @@ import pytest
 
 from aiter.aot.flydsl.jobs.records import ArchReport, JobResult, KernelRef
 from aiter.flydsl_bridge import manifest
-from aiter.ops.gemm.table import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16
+from aiter.ops.gemm.table import (
+    A8W8_BLOCKSCALE,
+    A8W8_BLOCKSCALE_BPRESHUFFLE,
+    A8W8_BPRESHUFFLE,
+    A16W16,
+)
 from tests.aot_cli import lines_starting, read_report, run_aot
 
 pytestmark = pytest.mark.slow  # runs the command line, which replays and compiles
@@ -54,6 +59,8 @@ def write_tables(directory: Path, bpre=BPRE_ROWS, block=BLOCK_ROWS, bf16=BF16_RO
     (directory / A16W16.name).write_text("\n".join([BF16_HEADER, *bf16]) + "\n")
     (directory / A8W8_BPRESHUFFLE.name).write_text("\n".join([BPRE_HEADER, *bpre]) + "\n")
     (directory / A8W8_BLOCKSCALE.name).write_text("\n".join([BLOCK_HEADER, *block]) + "\n")
+    # Its own replay is tests/families/test_aot_gemm_blockscale_bpreshuffle.py.
+    (directory / A8W8_BLOCKSCALE_BPRESHUFFLE.name).write_text(BLOCK_HEADER + "\n")
 
 
 def replay(env: dict[str, str], report: Path, *args: str):
@@ -378,13 +385,12 @@ def _csv(tmp_path: Path, header: str, *rows: str, name: str = "mine.csv") -> Pat
     [
         ("", BF16_HEADER, A16W16),
         ("", BPRE_HEADER, A8W8_BPRESHUFFLE),
-        ("", BLOCK_HEADER, A8W8_BLOCKSCALE),
         (A8W8_BPRESHUFFLE.short_name, BPRE_HEADER + ",tflops", A8W8_BPRESHUFFLE),
         (A8W8_BPRESHUFFLE.name, BPRE_HEADER + ",tflops", A8W8_BPRESHUFFLE),
         # blockscale's columns are a subset of bpreshuffle's: the name decides
         (A8W8_BLOCKSCALE.short_name, BPRE_HEADER, A8W8_BLOCKSCALE),
     ],
-    ids=["bf16", "bpreshuffle", "blockscale", "short-name", "file-name", "name-decides"],
+    ids=["bf16", "bpreshuffle", "short-name", "file-name", "name-decides"],
 )
 def test_csv_extends_the_named_table_or_the_one_with_its_columns(
     empty_env, tmp_path, table, header, expected
@@ -397,13 +403,34 @@ def test_csv_extends_the_named_table_or_the_one_with_its_columns(
     assert "nothing to do" in proc.stdout  # the file adds no rows
 
 
-CHOICES = [f"{s.short_name} ({s.name})" for s in (A16W16, A8W8_BPRESHUFFLE, A8W8_BLOCKSCALE)]
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("a8w8_blockscale_tuned_gemm.csv", A8W8_BLOCKSCALE),
+        ("dsv4_a8w8_blockscale_bpreshuffle_tuned_gemm.csv", A8W8_BLOCKSCALE_BPRESHUFFLE),
+    ],
+    ids=["blockscale", "blockscale-bpreshuffle"],
+)
+def test_bare_csv_of_blockscale_columns_goes_to_the_table_its_name_holds(
+    empty_env, tmp_path, name, expected
+):
+    """The two blockscale tables have the same columns: aiter's file name tells them apart."""
+    path = _csv(tmp_path, BLOCK_HEADER, name=name)
+    proc = run_aot(MODULE, "--list", "--csv", str(path), env=empty_env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"--csv: {path} extend {expected.name}" in proc.stderr
+
+
+CHOICES = [
+    f"{s.short_name} ({s.name})"
+    for s in (A16W16, A8W8_BPRESHUFFLE, A8W8_BLOCKSCALE, A8W8_BLOCKSCALE_BPRESHUFFLE)
+]
 
 
 @pytest.mark.parametrize(
     "header",
-    ["gfx,cu_num,M,N,K,us"],
-    ids=["fewer-columns"],
+    ["gfx,cu_num,M,N,K,us", BLOCK_HEADER],
+    ids=["fewer-columns", "two-tables-columns"],
 )
 def test_bare_csv_of_no_table_asks_for_its_name(empty_env, tmp_path, header):
     path = _csv(tmp_path, header)

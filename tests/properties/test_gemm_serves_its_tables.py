@@ -1,10 +1,11 @@
-"""Property: random valid GEMM tables (all three), built with `--csv` for gfx942, serve every call
+"""Property: random valid GEMM tables (all four), built with `--csv` for gfx942, serve every call
 inside what their rows serve from the cache alone, and an empty cache misses every such call.
 
 A GEMM shape is replayed at every M from 1 to `--max-m`: its rows' buckets, and above its top row
 the heuristic with the shape's key. Calls take M at the edges (1, the cap, each row's M and its
 neighbours) and at random, with every caller variant the replay claims (the output dtype given or
-left to its default, the weight preshuffled by `aiter.shuffle_weight` or passed as it is).
+left to its default, the weight preshuffled by `aiter.shuffle_weight` or passed as it is, the
+preshuffled blockscale GEMM's x scales in either of aiter's views).
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from aiter.ops.gemm.kernels.a8w8 import BLOCKSCALE_TILES, BPRESHUFFLE_TILES
 from aiter.ops.gemm.kernels.a16w16 import SUPPORTED_TILES as A16W16_TILES
 from aiter.ops.gemm.table import (
     A8W8_BLOCKSCALE,
+    A8W8_BLOCKSCALE_BPRESHUFFLE,
     A8W8_BPRESHUFFLE,
     A8W8_OUT_DTYPES,
     A16W16,
     A16W16_INPUT_DTYPES,
     A16W16_KERNELS,
     A16W16_OUT_DTYPES,
+    BLOCKSCALE_BPRESHUFFLE_KERNELS,
     BLOCKSCALE_KERNELS,
     BPRESHUFFLE_KERNELS,
     LIBTYPE_FLYDSL,
@@ -33,7 +36,7 @@ from tests.aot_cli import PropertyFigures, build_and_serve_tables, build_example
 pytestmark = pytest.mark.slow  # builds a cache per generated table set
 
 MODULE = "aiter.aot.flydsl.gemm"
-SPECS = (A16W16, A8W8_BPRESHUFFLE, A8W8_BLOCKSCALE)
+SPECS = (A16W16, A8W8_BPRESHUFFLE, A8W8_BLOCKSCALE, A8W8_BLOCKSCALE_BPRESHUFFLE)
 ARCH, MMA = "gfx942", "mfma"
 FP8 = "float8_e4m3fnuz"  # gfx942's flavour
 CU_NUMS = (80, 304)
@@ -58,6 +61,7 @@ KERNEL_NAMES = {
     A16W16: _names(A16W16_KERNELS, A16W16_TILES),
     A8W8_BPRESHUFFLE: _names(BPRESHUFFLE_KERNELS, BPRESHUFFLE_TILES),
     A8W8_BLOCKSCALE: _names(BLOCKSCALE_KERNELS, BLOCKSCALE_TILES),
+    A8W8_BLOCKSCALE_BPRESHUFFLE: _names(BLOCKSCALE_BPRESHUFFLE_KERNELS, BLOCKSCALE_TILES),
 }
 
 
@@ -134,6 +138,8 @@ def _variants(spec, shape: dict) -> list[dict]:
     outs = (*A8W8_OUT_DTYPES, None)  # None: the entry's default (bf16)
     if spec is A8W8_BLOCKSCALE:  # its weight is not preshuffled
         return [{"out_dtype": o} for o in outs]
+    if spec is A8W8_BLOCKSCALE_BPRESHUFFLE:  # x scales strided (1, M) or aiter's contiguous view
+        return [{"out_dtype": o, "x_view": v} for o in outs for v in (True, False)]
     return [{"out_dtype": o, "shuffled": s} for o in outs for s in (True, False)]
 
 
@@ -182,9 +188,14 @@ def serve(call):
         w = aiter.shuffle_weight(w) if call["shuffled"] else w
         scales = empty((m, 1), F32), empty((1, n), F32)
         aiter.gemm_a8w8_bpreshuffle(empty((m, k), q), w, *scales, **kwargs)
-    else:
+    elif call["table"] == "gemm_a8w8_blockscale":
         scales = empty((m, k // 128), F32), empty((n // 128, k // 128), F32)
         aiter.gemm_a8w8_blockscale(empty((m, k), q), w, *scales, **kwargs)
+    else:
+        x_scale = empty((m, k // 128), F32) if call["x_view"] else empty((k // 128, m), F32).mT
+        w_scale = empty((n // 128, k // 128), F32)
+        w = aiter.shuffle_weight(w)
+        aiter.gemm_a8w8_blockscale_bpreshuffle(empty((m, k), q), w, x_scale, w_scale, **kwargs)
 """
 
 FIGURES = {spec.short_name: PropertyFigures(spec.short_name) for spec in SPECS}

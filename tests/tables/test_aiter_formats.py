@@ -20,7 +20,12 @@ from aiter import flydsl_bridge as bridge
 from aiter.aot.flydsl.dry_run import dry_run
 from aiter.arch import arch_of_legacy_row
 from aiter.ops.chunk_gdn_h.table import CHUNK_GDN_H
-from aiter.ops.gemm.table import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16
+from aiter.ops.gemm.table import (
+    A8W8_BLOCKSCALE,
+    A8W8_BLOCKSCALE_BPRESHUFFLE,
+    A8W8_BPRESHUFFLE,
+    A16W16,
+)
 from aiter.ops.moe.table import FMOE
 from aiter.tuning import TableError
 from aiter.tuning.foreign import parse_aiter_flydsl_name
@@ -71,6 +76,26 @@ BLOCKSCALE_ROWS = [
     "a8w8_blockscale_1x128x128_256x16x64x256_16x16_16x16_1x1_16x16x1_16x16x1_1x16x1x16_4_1x1_"
     "intrawave_v1,2.61,1304.22,0.0",
     "gfx942,304,2,1024,1024,cktile,3,0,4.8,cktile_blockscale_16x64,2.61,1304.22,0.0",
+]
+# aiter's a8w8_blockscale_bpreshuffle_tuned_gemm.csv: blockscale's columns, rows of every backend
+# its tuners write (the cells as in aiter's files), and one row of this library's kernel.
+BS_BPRE_ROWS = [
+    "gfx942,80,1,1536,4096,triton,0,0,7.780,triton,0,0,0.0",
+    "gfx942,80,16,1536,4096,ck,7,0,12.0155,a8w8_blockscale_bpreshuffle_1x128x128_256x16x64x256_"
+    "16x16_16x16_16x16x1_16x16x1_1x16x1x16_4_1x1_intrawave_v1,16.76,0.53316,0.0",
+    "gfx942,80,64,1536,4096,flydsl,0,2,9.0,flydsl_a8w8_blockscale_bpreshuffle_mfma_64x64x128,"
+    "1.0,2.0,0.0",
+    "gfx942,80,128,1536,4096,asm,0,1,19.048,_ZN5aiter42fp8gemm_bf16_blockscale_BpreShuffle_32x128E,"
+    "84.56,0.37846,0.0",
+    "gfx942,80,1408,1536,4096,opus,11000,0,77.2207,opus_gemm_gfx942_a8w8_bs_bpreshuf_sb_tailm_v16_"
+    "512x128x128x128_4x2_16x16x32_1x128x128,229.43,0.21217,0.002053",
+    "gfx950,256,8192,7168,4608,cktile,27,0,299.1261,a8w8_blockscale_cktile_192x256x128_4x2x1_"
+    "16x16x128_intrawave_0x1x0_2,1809.16,0.62923,0.0",
+    # Set aside: N off the 128 grid (DeepSeek-V3's kv_a projection), aiter's MX-scaled kernels.
+    "gfx950,256,16,576,7168,ck,7,0,17.6513,a8w8_blockscale_bpreshuffle_1x128x128_256x16x64x256_"
+    "16x16_16x16_16x16x1_16x16x1_1x16x1x16_4_1x1_intrawave_v1,7.49,241.45,0.0",
+    "gfx1250,256,16,1536,4096,flydsl,11,1,4.6663,flydsl_mxfp8_128_bpreshuffle_wmma_t16x32x1024_mw1_"
+    "nw2_nb4_sk1_cm1_cn1,43.14,1372.85,0.0",
 ]
 FMOE_HEADER = (
     "cu_num,token,model_dim,inter_dim,expert,topk,act_type,dtype,q_dtype_a,q_dtype_w,q_type,"
@@ -200,6 +225,73 @@ def test_aiter_a8w8_tables_load_every_backend(tmp_path):
     assert bp_rows[0]["errRatio"] == "0.0"
 
 
+@pytest.fixture
+def bs_bpre_table(tmp_path, monkeypatch) -> str:
+    name = "a8w8_blockscale_bpreshuffle_tuned_gemm.csv"
+    path = _write(tmp_path, name, BLOCKSCALE_HEADER, BS_BPRE_ROWS)
+    monkeypatch.setenv(A8W8_BLOCKSCALE_BPRESHUFFLE.env_var, path)
+    return path
+
+
+def test_aiter_blockscale_bpreshuffle_table_loads_and_sets_aside_what_it_cannot_serve(
+    bs_bpre_table,
+):
+    table = A8W8_BLOCKSCALE_BPRESHUFFLE.load()
+    mine = [r for r in table.rows if r.source == bs_bpre_table]
+    assert [A8W8_BLOCKSCALE_BPRESHUFFLE.backend_of(r) for r in mine] == [
+        "triton", "ck", "flydsl", "asm", "opus", "cktile"
+    ]  # fmt: skip
+    assert mine[-1]["tflops"] == "1809.16"  # extra columns kept
+    reasons = [(r["gfx"], why) for r, why in table.set_aside if r.source == bs_bpre_table]
+    assert reasons == [
+        ("gfx950", "N 576: this library's blockscale GEMM needs N and K multiples of 128"),
+        ("gfx1250", "aiter's flydsl_mxfp8_... kernels take e8m0 scales; this library's are fp32"),
+    ]
+
+
+def _bs_bpre_at(m: int) -> dispatch.DispatchRecord:
+    n, k = 1536, 4096
+    fp8 = torch.float8_e4m3fnuz
+    return _record(
+        "gfx942",
+        80,
+        lambda: aiter.gemm_a8w8_blockscale_bpreshuffle(
+            _t(m, k, dtype=fp8),
+            _t(n, k, dtype=fp8),
+            _t(m, k // 128, dtype=torch.float32),
+            _t(n // 128, k // 128, dtype=torch.float32),
+        ),
+    )
+
+
+@pytest.mark.parametrize("m, backend", [(1, "triton"), (16, "ck"), (128, "asm"), (1408, "opus")])
+def test_a_blockscale_bpreshuffle_row_of_another_backend_is_served_by_the_heuristic(
+    bs_bpre_table, m, backend
+):
+    record = _bs_bpre_at(m)
+    assert record.backend == dispatch.BACKEND_FLYDSL and record.source == "table"
+    assert record.kernel.startswith("flydsl_a8w8_blockscale_bpreshuffle_mfma_")
+    assert record.params["row_backend"] == backend
+    assert record.params["served_as"].endswith("this library's heuristic serves")
+
+
+def test_a_flydsl_blockscale_bpreshuffle_row_is_served_by_its_kernel(bs_bpre_table):
+    record = _bs_bpre_at(64)
+    assert record.row == f"{bs_bpre_table}:4"
+    assert record.kernel == "flydsl_a8w8_blockscale_bpreshuffle_mfma_64x64x128"
+    assert record.params == {"split_k": 2}
+
+
+def test_a_blockscale_kernel_name_in_the_bpreshuffle_table_fails_at_load(tmp_path):
+    row = BS_BPRE_ROWS[2].replace("blockscale_bpreshuffle_mfma", "blockscale_mfma")
+    path = _write(tmp_path, A8W8_BLOCKSCALE_BPRESHUFFLE.name, BLOCKSCALE_HEADER, [row])
+    with pytest.raises(TableError) as err:
+        A8W8_BLOCKSCALE_BPRESHUFFLE.load([path])
+    assert str(err.value).startswith(
+        f"{path}:2: column 'kernelName': expected flydsl_a8w8_blockscale_bpreshuffle_<mfma|wmma>_"
+    ), str(err.value)
+
+
 def test_aiter_fmoe_table_without_gfx_loads_and_sets_aside_what_it_cannot_serve(tmp_path):
     path = _write(tmp_path, "tuned_fmoe.csv", FMOE_HEADER, FMOE_ROWS)
     table = FMOE.load([path])
@@ -293,6 +385,7 @@ def _aiter_configs(root: Path) -> Path:
     _write(models, "dsv3_bf16_untuned_gemm.csv", "M,N,K", ["1,512,4096"])  # not a tuned table
     _write(root, "tuned_fmoe.csv", FMOE_HEADER, FMOE_ROWS)
     _write(models, "a8w8_blockscale_tuned_gemm_ds_v3.csv", BLOCKSCALE_HEADER, BLOCKSCALE_ROWS)
+    _write(root, "a8w8_blockscale_bpreshuffle_tuned_gemm.csv", BLOCKSCALE_HEADER, BS_BPRE_ROWS)
     return root
 
 
@@ -308,27 +401,40 @@ def test_the_builder_reads_a_directory_of_aiters_tables(tmp_path):
     assert "--aiter-configs: 2 file(s) extend bf16_tuned_gemm.csv" in proc.stderr
     assert "--aiter-configs: 1 file(s) extend a8w8_blockscale_tuned_gemm.csv" in proc.stderr
     assert "--aiter-configs: 1 file(s) extend tuned_fmoe.csv" in proc.stderr
+    assert (
+        "--aiter-configs: 1 file(s) extend a8w8_blockscale_bpreshuffle_tuned_gemm.csv"
+        in proc.stderr
+    )
     lines = {
         line.split(" (")[0]: line for line in proc.stdout.splitlines() if line.startswith("table ")
     }
     for backend in ("asm 1", "triton 1", "opus 1", "skinny 1", "hipblaslt 1"):
         assert backend in lines["table gemm_a16w16"], lines["table gemm_a16w16"]
     assert "5 set aside: 1 x ActivationType.Gelu" in lines["table fmoe"]
+    bs_bpre = lines["table gemm_a8w8_blockscale_bpreshuffle"]
+    for backend in ("ck 1", "asm 1", "opus 1", "triton 1", "cktile 1", "flydsl 1"):
+        assert backend in bs_bpre, bs_bpre
+    assert "2 set aside: 1 x N 576" in bs_bpre, bs_bpre
     assert not [line for line in proc.stdout.splitlines() if line.startswith("FAIL")]
 
 
 def test_a_bare_csv_goes_to_the_table_its_aiter_name_or_columns_say(tmp_path):
     from aiter.aot.flydsl.execution.options import assign_csv
 
-    specs = [A16W16, A8W8_BPRESHUFFLE, A8W8_BLOCKSCALE, FMOE]
+    specs = [A16W16, A8W8_BPRESHUFFLE, A8W8_BLOCKSCALE, A8W8_BLOCKSCALE_BPRESHUFFLE, FMOE]
     named = _write(
         tmp_path, "dsv3_a8w8_blockscale_tuned_gemm.csv", BLOCKSCALE_HEADER, BLOCKSCALE_ROWS
     )
+    # The same columns as blockscale's: only aiter's file name tells the two tables apart.
+    named_bpre = _write(
+        tmp_path, "dsv4_a8w8_blockscale_bpreshuffle_tuned_gemm.csv", BLOCKSCALE_HEADER, BS_BPRE_ROWS
+    )
     by_columns = _write(tmp_path, "mine.csv", A8W8_HEADER, BPRESHUFFLE_ROWS)
     legacy_moe = _write(tmp_path, "moe.csv", FMOE_HEADER, FMOE_ROWS)
-    assigned = assign_csv(specs, [named, by_columns, legacy_moe])
+    assigned = assign_csv(specs, [named, named_bpre, by_columns, legacy_moe])
     assert assigned == {
         A8W8_BLOCKSCALE: [named],
+        A8W8_BLOCKSCALE_BPRESHUFFLE: [named_bpre],
         A8W8_BPRESHUFFLE: [by_columns],
         FMOE: [legacy_moe],
     }

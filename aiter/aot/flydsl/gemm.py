@@ -19,7 +19,12 @@ from collections.abc import Mapping, Sequence
 from aiter.aot.flydsl.jobs.axes import dims_along
 from aiter.aot.flydsl.jobs.family import Call, CapturedOp, Family
 from aiter.aot.flydsl.jobs.fixed_inputs import FixedInputs
-from aiter.ops.gemm.table import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16
+from aiter.ops.gemm.table import (
+    A8W8_BLOCKSCALE,
+    A8W8_BLOCKSCALE_BPRESHUFFLE,
+    A8W8_BPRESHUFFLE,
+    A16W16,
+)
 from aiter.tuning import Row, TableSpec
 
 
@@ -91,7 +96,33 @@ def _a8w8_blockscale(row: Row, variant: Mapping[str, str]) -> Call:
     return call
 
 
-_CALLERS = {A16W16: _a16w16, A8W8_BPRESHUFFLE: _a8w8_bpreshuffle, A8W8_BLOCKSCALE: _a8w8_blockscale}
+def _a8w8_blockscale_bpreshuffle(row: Row, variant: Mapping[str, str]) -> Call:
+    from aiter import device
+    from aiter.ops.gemm import entry as gemm_a8w8
+
+    n, k = row.int("N"), row.int("K")
+    fixed = FixedInputs()  # the layer's weight and its scales, kept across calls
+
+    def call(M: int) -> None:
+        q_dtype = device.fp8_dtype()
+        x_shape, w_shape = gemm_a8w8.blockscale_scale_shapes(M, n, k)
+        gemm_a8w8.gemm_a8w8_blockscale_bpreshuffle(
+            _empty((M, k), q_dtype),
+            fixed.empty("WQ", (n, k), q_dtype),  # preshuffled: the plain weight's shape
+            _empty(x_shape, gemm_a8w8.SCALE_DTYPE),  # aiter's contiguous view of [K/128, M]
+            fixed.empty("w_scale", w_shape, gemm_a8w8.SCALE_DTYPE),
+            out_dtype=_dtype(variant["out_dtype"]),
+        )
+
+    return call
+
+
+_CALLERS = {
+    A16W16: _a16w16,
+    A8W8_BPRESHUFFLE: _a8w8_bpreshuffle,
+    A8W8_BLOCKSCALE: _a8w8_blockscale,
+    A8W8_BLOCKSCALE_BPRESHUFFLE: _a8w8_blockscale_bpreshuffle,
+}
 
 
 def caller(spec: TableSpec, row: Row, variant: Mapping[str, str]) -> Call:
@@ -107,6 +138,9 @@ CAPTURED = {
     ),
     "gemm_a8w8_blockscale": CapturedOp(
         f"{_ENTRY}:gemm_a8w8_blockscale", dims_along("M", {"XQ": 0, "x_scale": 0})
+    ),
+    "gemm_a8w8_blockscale_bpreshuffle": CapturedOp(
+        f"{_ENTRY}:gemm_a8w8_blockscale_bpreshuffle", dims_along("M", {"XQ": 0, "x_scale": 0})
     ),
 }
 FAMILY = Family(name="gemm", tables=tuple(_CALLERS), caller=caller, captured=CAPTURED)

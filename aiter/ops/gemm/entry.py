@@ -2,8 +2,9 @@
 
 `gemm_a16w16` serves bf16/fp16 GEMMs; `gemm_a8w8_bpreshuffle` fp8/int8 GEMMs scaled per token
 and channel with a preshuffled weight, `gemm_a8w8_blockscale` DeepSeek-V3-style 1x128 / 128x128
-block-scaled fp8 GEMMs. FlyDSL kernels serve them, or torch where a row says so or where no
-FlyDSL kernel can serve the shape (the dispatch record's params then give the reason).
+block-scaled fp8 GEMMs, and `gemm_a8w8_blockscale_bpreshuffle` the same with a preshuffled
+weight. FlyDSL kernels serve them, or torch where a row says so or where no FlyDSL kernel can
+serve the shape (the dispatch record's params then give the reason).
 """
 
 from __future__ import annotations
@@ -17,12 +18,18 @@ from aiter.ops.gemm.kernels.a8w8 import (
     BLOCKSCALE_BLOCK,
     BPRESHUFFLE_LAYOUT,
     launch_gemm_a8w8_blockscale,
+    launch_gemm_a8w8_blockscale_bpreshuffle,
     launch_gemm_a8w8_bpreshuffle,
     semaphore_size,
 )
 from aiter.ops.gemm.kernels.a16w16 import launch_gemm_a16w16
 from aiter.ops.gemm.plan import Plan, plan
-from aiter.ops.gemm.table import A8W8_BLOCKSCALE, A8W8_BPRESHUFFLE, A16W16
+from aiter.ops.gemm.table import (
+    A8W8_BLOCKSCALE,
+    A8W8_BLOCKSCALE_BPRESHUFFLE,
+    A8W8_BPRESHUFFLE,
+    A16W16,
+)
 from aiter.ops.shared.preshuffle import shuffle_weight, unshuffle_weight
 
 A16W16_INPUT_DTYPES = tuple(getattr(torch, n) for n in gemm_table.A16W16_INPUT_DTYPES)
@@ -129,7 +136,13 @@ def gemm_a16w16(
     return served.launch(launch, args)
 
 
-__all__ = ["gemm_a8w8_blockscale", "gemm_a8w8_bpreshuffle", "shuffle_weight", "unshuffle_weight"]
+__all__ = [
+    "gemm_a8w8_blockscale",
+    "gemm_a8w8_blockscale_bpreshuffle",
+    "gemm_a8w8_bpreshuffle",
+    "shuffle_weight",
+    "unshuffle_weight",
+]
 
 OUT_DTYPES = tuple(getattr(torch, n) for n in gemm_table.A8W8_OUT_DTYPES)
 # What the runtime allocates for split-K: fp32 partial sums, and one zeroed counter per output
@@ -288,12 +301,7 @@ def gemm_a8w8_blockscale(
     N and K must be multiples of 128. No FlyDSL kernel exists for gfx1250 yet: torch serves
     every call there.
     """
-    m, n, k = _validate(XQ, WQ, out_dtype, allow_int8=False)
-    block = BLOCKSCALE_BLOCK
-    if n % block or k % block:  # the scales' shapes need it, whatever serves the call
-        raise ValueError(
-            f"gemm_a8w8_blockscale needs N and K multiples of {block}, got N={n}, K={k}"
-        )
+    m, n, k = _validate_blockscale("gemm_a8w8_blockscale", XQ, WQ, out_dtype)
     x_shape, w_shape = blockscale_scale_shapes(m, n, k)
     _check_tensor("x_scale", x_scale, (SCALE_DTYPE,), x_shape)
     _check_tensor("w_scale", w_scale, (SCALE_DTYPE,), w_shape)
@@ -302,8 +310,79 @@ def gemm_a8w8_blockscale(
     args = _args(XQ, WQ, x_scale, w_scale, out_dtype, "row-major")
     if served.use_torch:
         served.report(args)
-        x = XQ.to(torch.float32) * x_scale.repeat_interleave(block, dim=1)
-        w_scale_full = w_scale.repeat_interleave(block, dim=0).repeat_interleave(block, dim=1)
-        w = WQ.to(torch.float32) * w_scale_full
-        return torch.matmul(x, w.mT).to(out_dtype)
+        return _blockscale_matmul(XQ, WQ, x_scale, w_scale, out_dtype)
     return _launch(launch_gemm_a8w8_blockscale, served, XQ, WQ, x_scale, w_scale, out_dtype, args)
+
+
+@capture.entry("gemm_a8w8_blockscale_bpreshuffle")
+def gemm_a8w8_blockscale_bpreshuffle(
+    XQ: torch.Tensor,
+    WQ: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_scale: torch.Tensor,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """gemm_a8w8_blockscale with WQ laid out by `shuffle_weight` and aiter's x_scale layout.
+
+    XQ[M, K] and WQ[N, K] are the device's fp8 flavour, WQ preshuffled in 16x16 blocks; N and K
+    multiples of 128. w_scale[N/128, K/128] is fp32 row-major. x_scale is fp32 [M, K/128] whose
+    bytes hold the [K/128, M] matrix (scale block-major, as aiter's bpreshuffle kernels read
+    it), given either as the strided view `s.T.contiguous().T` (strides (1, M)) of the scales
+    s, or as aiter's contiguous view `s.T.contiguous().view(M, K/128)` of the same bytes.
+    No FlyDSL kernel exists for gfx1250 yet: torch serves every call there.
+    """
+    op = "gemm_a8w8_blockscale_bpreshuffle"
+    m, n, k = _validate_blockscale(op, XQ, WQ, out_dtype)
+    x_shape, w_shape = blockscale_scale_shapes(m, n, k)
+    x_by_block = _block_major_x_scale(x_scale, x_shape)
+    _check_tensor("w_scale", w_scale, (SCALE_DTYPE,), w_shape)
+    key = {"N": n, "K": k}
+    family = gemm_plan.BLOCKSCALE_BPRESHUFFLE
+    served = plan(op, A8W8_BLOCKSCALE_BPRESHUFFLE, family, key, m, n, k)
+    layout_n, layout_k = BPRESHUFFLE_LAYOUT
+    args = _args(XQ, WQ, x_scale, w_scale, out_dtype, f"preshuffled {layout_n}x{layout_k}")
+    if served.use_torch:
+        served.report(args)
+        plain = unshuffle_weight(WQ, BPRESHUFFLE_LAYOUT)
+        return _blockscale_matmul(XQ, plain, x_by_block.mT, w_scale, out_dtype)
+    launcher = launch_gemm_a8w8_blockscale_bpreshuffle
+    return _launch(launcher, served, XQ, WQ, x_by_block, w_scale, out_dtype, args)
+
+
+def _validate_blockscale(op: str, XQ, WQ, out_dtype) -> tuple[int, int, int]:
+    m, n, k = _validate(XQ, WQ, out_dtype, allow_int8=False)
+    block = BLOCKSCALE_BLOCK
+    if n % block or k % block:  # the scales' shapes need it, whatever serves the call
+        raise ValueError(f"{op} needs N and K multiples of {block}, got N={n}, K={k}")
+    return m, n, k
+
+
+def _block_major_x_scale(x_scale: object, shape: tuple[int, int]) -> torch.Tensor:
+    """x_scale checked as the bpreshuffle entry takes it ([M, K/128] over the bytes of the
+    [K/128, M] matrix), returned as that contiguous [K/128, M] matrix."""
+    if not isinstance(x_scale, torch.Tensor):
+        raise TypeError(f"x_scale must be a torch.Tensor, got {type(x_scale).__name__}")
+    if x_scale.dtype != SCALE_DTYPE:
+        raise TypeError(f"x_scale must have dtype {SCALE_DTYPE}, got {x_scale.dtype}")
+    if tuple(x_scale.shape) != shape:
+        raise ValueError(f"x_scale must have shape {list(shape)}, got {list(x_scale.shape)}")
+    if not device.on_gpu(x_scale):
+        raise ValueError(f"x_scale must be on a GPU device, got {x_scale.device}")
+    by_block = x_scale.mT
+    if by_block.is_contiguous():  # the scales viewed column-major: strides (1, M)
+        return by_block
+    if x_scale.is_contiguous():  # aiter's contiguous view of the same bytes
+        return x_scale.view(shape[1], shape[0])
+    raise ValueError(
+        f"x_scale must hold the [K/128, M] scales column-major: strides (1, {shape[0]}) or "
+        f"aiter's contiguous [M, K/128] view of them, got strides {tuple(x_scale.stride())}"
+    )
+
+
+def _blockscale_matmul(XQ, W, x_scale, w_scale, out_dtype) -> torch.Tensor:
+    """What the blockscale kernels compute, in torch: row-major W and [M, K/128] x scales."""
+    block = BLOCKSCALE_BLOCK
+    x = XQ.to(torch.float32) * x_scale.repeat_interleave(block, dim=1)
+    w_scale_full = w_scale.repeat_interleave(block, dim=0).repeat_interleave(block, dim=1)
+    w = W.to(torch.float32) * w_scale_full
+    return torch.matmul(x, w.mT).to(out_dtype)

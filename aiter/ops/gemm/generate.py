@@ -16,6 +16,7 @@ from aiter.arch import ARCHS, ArchInfo
 from aiter.ops.gemm.plan import KernelFamily
 from aiter.ops.gemm.table import (
     A8W8_BLOCKSCALE,
+    A8W8_BLOCKSCALE_BPRESHUFFLE,
     A8W8_BPRESHUFFLE,
     A16W16,
     LIBTYPE_FLYDSL,
@@ -89,6 +90,7 @@ class TableRecipe:
     shapes: list[tuple[int, int]]
     dtype_cells: Callable[[ArchInfo], dict[str, str]]
     torch_shapes: tuple[tuple[int, int], ...]
+    m_buckets: tuple[int, ...] = M_BUCKETS
 
     @property
     def file(self) -> str:
@@ -128,6 +130,15 @@ RECIPES = (
         dtype_cells=lambda arch: {},
         torch_shapes=((128, 128),),
     ),
+    # A small table: DeepSeek-V3's q_a and o projections at decode, mid and prefill M.
+    TableRecipe(
+        spec=A8W8_BLOCKSCALE_BPRESHUFFLE,
+        family=_kernels("BLOCKSCALE_BPRESHUFFLE"),
+        shapes=[deepseek_v3_dense_shapes(8)[name] for name in ("q_a_proj", "o_proj")],
+        dtype_cells=lambda arch: {},
+        torch_shapes=(),
+        m_buckets=(16, 128, 1024),
+    ),
 )
 
 
@@ -156,7 +167,7 @@ def rows(recipe: TableRecipe, scale: int = 1) -> list[dict[str, str]]:
         if "kernelId" in recipe.spec.header:
             base["kernelId"] = "0"
         for n, k in scaled_shapes(recipe.shapes, scale):
-            for m in M_BUCKETS:
+            for m in recipe.m_buckets:
                 tile = family.heuristic_tile(m, n, k, cu_num, arch.mma)
                 # splitK 0: the runtime picks split-K per call, so it adapts inside the bucket.
                 out.append(

@@ -26,6 +26,7 @@ from aiter.ops.gemm.kernels.a8w8 import (
     BPRESHUFFLE_TILES,
     blockscale_tile_problem,
     bpreshuffle_tile_problem,
+    k_major_x_scale_problem,
 )
 from aiter.ops.gemm.kernels.a16w16 import K_MULTIPLE as A16W16_K_MULTIPLE
 from aiter.ops.gemm.kernels.a16w16 import N_MULTIPLE as A16W16_N_MULTIPLE
@@ -79,6 +80,8 @@ class KernelFamily:
     # Why a tile the kernel is written for does not fit the arch (LDS, registers), or None.
     tile_problem: Callable[[Any, str], str | None] | None = None
     elem_bytes: int = 2  # bytes of one input element: a block's rows x K must fit 32-bit offsets
+    # Why the launcher refuses an (M, K) its other operands' layout cannot index, or None.
+    operand_problem: Callable[[int, int], str | None] | None = None
 
     def cannot_serve(self, m: int, n: int, k: int, mma: str) -> str | None:
         """Why no kernel of the family can serve an [M, K] x [N, K] call on an arch of `mma`
@@ -101,6 +104,8 @@ class KernelFamily:
         rows = max(max(t.tile_m, t.tile_n) for t in self.tiles[mma])
         if rows * k * self.elem_bytes >= OFFSET_LIMIT:
             return f"K = {k} is too long for the main loop's 32-bit buffer offsets over {rows} rows"
+        if self.operand_problem is not None:
+            return self.operand_problem(m, k)
         return None
 
     def kernel_name(self, mma: str, tile: Any) -> str:
@@ -238,6 +243,17 @@ BLOCKSCALE = KernelFamily(
     BLOCKSCALE_BLOCK,
     tile_problem=blockscale_tile_problem,
     elem_bytes=1,
+)
+
+# The blockscale kernel over a preshuffled weight, with aiter's [K / 128, M] x scales.
+BLOCKSCALE_BPRESHUFFLE = KernelFamily(
+    gemm_table.BLOCKSCALE_BPRESHUFFLE_KERNELS,
+    BLOCKSCALE_TILES,
+    BLOCKSCALE_BLOCK,
+    BLOCKSCALE_BLOCK,
+    tile_problem=blockscale_tile_problem,
+    elem_bytes=1,
+    operand_problem=k_major_x_scale_problem,
 )
 
 

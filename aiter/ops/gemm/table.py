@@ -30,6 +30,7 @@ M_AXIS = BucketAxis(name="M", column="M")
 A16W16_KERNELS = "flydsl_a16w16"
 BPRESHUFFLE_KERNELS = "flydsl_a8w8_bpreshuffle"
 BLOCKSCALE_KERNELS = "flydsl_a8w8_blockscale"
+BLOCKSCALE_BPRESHUFFLE_KERNELS = "flydsl_a8w8_blockscale_bpreshuffle"
 MMA_KINDS = ("mfma", "wmma")
 _TILE_NUMBER = "[1-9][0-9]*"  # written as the generator writes it: no sign, no leading 0
 
@@ -78,6 +79,19 @@ def _blockscale_shape(row: Row) -> str | None:
     for column in ("N", "K"):
         if row.int(column) % SCALE_BLOCK:
             return f"{column} {row[column]}: this library's blockscale GEMM needs N and K multiples of {SCALE_BLOCK}"
+    return None
+
+
+# aiter's gfx1250 FlyDSL kernels of this table take e8m0 (MX) scales.
+AITER_MXFP8_KERNELS = "flydsl_mxfp8_"
+
+
+def _mx_scales(row: Row) -> str | None:
+    """A row of aiter's MX-scaled fp8 kernels computes with e8m0 scales, which the entry does
+    not take (its scales are fp32)."""
+    name = row.cells["kernelName"].strip()
+    if row.cells["libtype"] == LIBTYPE_FLYDSL and name.startswith(AITER_MXFP8_KERNELS):
+        return f"aiter's {AITER_MXFP8_KERNELS}... kernels take e8m0 scales; this library's are fp32"
     return None
 
 
@@ -162,6 +176,21 @@ A8W8_BLOCKSCALE = TableSpec(
     axis=M_AXIS,
     row_checks=(_kernel_names(BLOCKSCALE_KERNELS),),
     unserved=(_blockscale_shape,),
+    backend_of=_backend,
+    open_choices={"out_dtype": A8W8_OUT_DTYPES},
+)
+
+A8W8_BLOCKSCALE_BPRESHUFFLE = TableSpec(
+    name="a8w8_blockscale_bpreshuffle_tuned_gemm.csv",
+    short_name="gemm_a8w8_blockscale_bpreshuffle",
+    aiter_name="a8w8_blockscale_bpreshuffle_tuned_gemm",
+    aot_module="gemm",
+    env_var="AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE",
+    columns=(*_SHAPE, *_MNK, *_a8w8_choice(BLOCKSCALE_BPRESHUFFLE_KERNELS)),
+    key=("gfx", "cu_num", "M", "N", "K"),
+    axis=M_AXIS,
+    row_checks=(_kernel_names(BLOCKSCALE_BPRESHUFFLE_KERNELS),),
+    unserved=(_blockscale_shape, _mx_scales),
     backend_of=_backend,
     open_choices={"out_dtype": A8W8_OUT_DTYPES},
 )

@@ -22,6 +22,7 @@ from aiter.aot.flydsl.jobs.family import Family
 from aiter.aot.flydsl.jobs.records import Mode
 from aiter.arch import ARCHS, ArchTarget, parse_gpu_archs
 from aiter.tuning import TableError, TableSpec
+from aiter.tuning.foreign import unserved_aiter_table
 
 # Far above the slowest real compile measured here (a few seconds); a worker this slow hangs.
 DEFAULT_TIMEOUT = 600.0
@@ -138,6 +139,9 @@ def assign_csv(specs: Sequence[TableSpec], items: Sequence[str]) -> dict[TableSp
 
 def _fitting_spec(specs: Sequence[TableSpec], path: str, header: set[str]) -> TableSpec:
     by_name = [s for s in specs if s.aiter_name and s.aiter_name in Path(path).name]
+    unserved = unserved_aiter_table(Path(path).name, tuple(s.aiter_name for s in by_name))
+    if unserved is not None:
+        raise UsageError(f"--csv {path}: not served by this library: {unserved}")
     if by_name:
         return max(by_name, key=lambda s: len(s.aiter_name))
     fits = [s for s in specs if set(s.required_columns) <= header]

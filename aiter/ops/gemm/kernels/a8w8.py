@@ -1,5 +1,6 @@
 """FlyDSL kernels and launchers for C[M, N] = XQ[M, K] @ WQ[N, K]^T with fp8/int8 inputs, scaled
-per token and channel (preshuffled WQ) or per 128-block (DeepSeek-V3), split-K in one launch.
+per token and channel (preshuffled WQ) or per 128-block (DeepSeek-V3, WQ row-major or
+preshuffled), split-K in one launch.
 """
 
 from __future__ import annotations
@@ -92,6 +93,17 @@ SEMAPHORE_DTYPE_DOC = (
 )
 
 
+def k_major_x_scale_problem(m: int, k: int) -> str | None:
+    """Why [K / 128, M] x scales are too many for the kernel's 32-bit buffer offsets, or None."""
+    scales = m * (k // SCALE_BLOCK)
+    if scales * 4 < mx.OFFSET_LIMIT:
+        return None
+    return (
+        f"M * K / {SCALE_BLOCK} = {scales} scales are too many for the kernel's 32-bit buffer "
+        f"offsets (at most {(mx.OFFSET_LIMIT - 1) // 4})"
+    )
+
+
 def semaphore_size(m: int, n: int, tile: A8W8Tile) -> int:
     """Entries of the split-K semaphore: one per output tile of the launch grid."""
     grid_x, grid_y, _ = mx.grid_size(m, n, tile.tile_m, tile.tile_n, 1)
@@ -106,21 +118,37 @@ def semaphore_size(m: int, n: int, tile: A8W8Tile) -> int:
 
 
 class Scales:
-    """Where x_scale (from the block's first row) and w_scale start."""
+    """Where x_scale (from the block's first row) and w_scale start.
 
-    def __init__(self, p, x_scale, w_scale, num_sb):
+    Blockscale x scales are row-major [M, K / 128], or scale-block-major [K / 128, M]
+    (x_k_major): there x_scale[row, sb] sits at sb * M + row, and the buffer runs from the
+    block's first row to the end of the tensor (the launcher keeps its bytes below the
+    out-of-range offset)."""
+
+    def __init__(self, p, x_scale, w_scale, num_sb, m, x_k_major: bool):
         self.x_buf = fx.get_iter(x_scale) + fx.Int64(p.origin_m) * fx.Int64(num_sb)
-        self.x_rows = mainloop.buffer_rows(
-            fx.get_iter(x_scale), p.origin_m, p.rows_m, num_sb, 4, p.tile_m
-        )
+        if const_expr(x_k_major):
+            nbytes = fx.Int32((num_sb * m - p.origin_m) * 4)
+            # Uniform: the descriptor stays in SGPRs.
+            nbytes = fx.Int32(rocdl.readfirstlane(fx.Int32.ir_type, nbytes))
+            base = fx.get_iter(x_scale) + fx.Int64(p.origin_m)
+            self.x_rows = rocdl.make_buffer_ptr(base, fx.Int64(nbytes))
+        else:
+            self.x_rows = mainloop.buffer_rows(
+                fx.get_iter(x_scale), p.origin_m, p.rows_m, num_sb, 4, p.tile_m
+            )
         self.w_buf = fx.get_iter(w_scale)
         self.num_sb = num_sb
+        self.m = m
+        self.x_k_major = x_k_major
 
 
 def _load_x_scale(p, sc: Scales, sb):
     """x_scale[row, sb] of block row `tid` (thread tid < tile_m), for the LDS copy."""
     row = p.tid
     valid = (row < p.tile_m) & (row < p.rows_m)
+    if const_expr(sc.x_k_major):
+        return mainloop.load_word(sc.x_rows, valid, sb * sc.m + row)
     return mainloop.load_word(sc.x_rows, valid, row * sc.num_sb + sb)
 
 
@@ -240,15 +268,18 @@ def gemm_a8w8_kernel(
     tile_k: fx.Constexpr[int],
     split_k: fx.Constexpr[int],
     blockscale: fx.Constexpr[bool],
+    b_shuffled: fx.Constexpr[bool],
+    x_k_major: fx.Constexpr[bool],
     mma: fx.Constexpr[str],
 ):
     """One block computes a tile_m x tile_n tile of C over split block_idx.z's share of K,
     through the shared main loop.
 
     bpreshuffle (blockscale False): WQ preshuffled, out = acc * x_scale[m] * w_scale[n], split
-    partials unscaled. blockscale: WQ row-major, each 128-wide scale block's partial is scaled by
+    partials unscaled. blockscale: each 128-wide scale block's partial is scaled by
     x_scale[m, kb] * w_scale[n // 128, kb] as it is added (its scales loaded with the k-tile,
-    one k-tile ahead), so split partials are scaled.
+    one k-tile ahead), so split partials are scaled. b_shuffled: WQ preshuffled (else
+    row-major); x_k_major: blockscale's x_scale laid out [K / 128, M] (else [M, K / 128]).
 
     Split-K hand-off for output tile T (semaphore slot T), split_k > 1:
     1. every thread stores its fp32 partials to workspace[split] and issues a release fence at
@@ -264,9 +295,7 @@ def gemm_a8w8_kernel(
     staged_bytes = mainloop.element_bytes(staged_dtype)
     allocator = fx.SharedAllocator()
     lds = mainloop.allocate_lds(allocator, tile_m, tile_n, tile_k, xq.dtype, 4, mma)
-    p = mainloop.Pipeline(
-        mma, tile_m, tile_n, tile_k, xq, wq, m, n, k, lds, b_shuffled=not blockscale
-    )
+    p = mainloop.Pipeline(mma, tile_m, tile_n, tile_k, xq, wq, m, n, k, lds, b_shuffled=b_shuffled)
     if const_expr(split_k > 1):
         # Allocated up front: LDS is static for the whole kernel.
         flag = allocator.allocate(fx.Int32)
@@ -276,7 +305,7 @@ def gemm_a8w8_kernel(
         slots = fx.Array[fx.Float32, mx.threads(mma), mx.CHUNK_BYTES]
         xs_lds = allocator.allocate(slots).peek().ptr
     num_sb = k // SCALE_BLOCK
-    sc = Scales(p, x_scale, w_scale, num_sb if const_expr(blockscale) else 1)
+    sc = Scales(p, x_scale, w_scale, num_sb if const_expr(blockscale) else 1, m, x_k_major)
     # Blockscale splits own whole scale blocks (one k-tile each).
     units = num_sb if const_expr(blockscale) else k // K_BLOCK
     unit_blocks = K_BLOCKS_PER_SCALE_BLOCK if const_expr(blockscale) else 1
@@ -392,10 +421,10 @@ def gemm_a8w8_kernel(
 
 
 def _launch(xq, wq, x_scale, w_scale, out, workspace, semaphore, m, n, k, tile_m, tile_n,
-            tile_k, split_k, blockscale, mma, stream):  # fmt: skip
+            tile_k, split_k, blockscale, b_shuffled, x_k_major, mma, stream):  # fmt: skip
     gemm_a8w8_kernel(
         xq, wq, x_scale, w_scale, out, workspace, semaphore, m, n, k,
-        tile_m, tile_n, tile_k, split_k, blockscale, mma,
+        tile_m, tile_n, tile_k, split_k, blockscale, b_shuffled, x_k_major, mma,
     ).launch(
         grid=mx.grid_size(m, n, tile_m, tile_n, split_k),
         block=(mx.threads(mma), 1, 1),
@@ -424,7 +453,7 @@ def gemm_a8w8_bpreshuffle(
 ):
     _ = SHARED_HELPERS  # FlyDSL keys this kernel by the shared helpers' sources
     _launch(xq, wq, x_scale, w_scale, out, workspace, semaphore, m, n, k,
-            tile_m, tile_n, tile_k, split_k, False, mma, stream)  # fmt: skip
+            tile_m, tile_n, tile_k, split_k, False, True, False, mma, stream)  # fmt: skip
 
 
 @flyc.jit
@@ -448,7 +477,31 @@ def gemm_a8w8_blockscale(
 ):
     _ = SHARED_HELPERS  # FlyDSL keys this kernel by the shared helpers' sources
     _launch(xq, wq, x_scale, w_scale, out, workspace, semaphore, m, n, k,
-            tile_m, tile_n, tile_k, split_k, True, mma, stream)  # fmt: skip
+            tile_m, tile_n, tile_k, split_k, True, False, False, mma, stream)  # fmt: skip
+
+
+@flyc.jit
+def gemm_a8w8_blockscale_bpreshuffle(
+    xq: fx.Tensor,
+    wq: fx.Tensor,
+    x_scale: fx.Tensor,
+    w_scale: fx.Tensor,
+    out: fx.Tensor,
+    workspace: fx.Tensor,
+    semaphore: fx.Tensor,
+    m: fx.Int32,
+    n: fx.Int32,
+    k: fx.Int32,
+    tile_m: fx.Constexpr[int],
+    tile_n: fx.Constexpr[int],
+    tile_k: fx.Constexpr[int],
+    split_k: fx.Constexpr[int],
+    mma: fx.Constexpr[str],
+    stream: fx.Stream = fx.Stream(None),
+):
+    _ = SHARED_HELPERS  # FlyDSL keys this kernel by the shared helpers' sources
+    _launch(xq, wq, x_scale, w_scale, out, workspace, semaphore, m, n, k,
+            tile_m, tile_n, tile_k, split_k, True, True, True, mma, stream)  # fmt: skip
 
 
 # --- host launchers ------------------------------------------------------------------------
@@ -623,8 +676,42 @@ def launch_gemm_a8w8_blockscale(
     - mma: "mfma" only (gfx942/gfx950, v_mfma_f32_16x16x32_fp8_fp8); "wmma" raises
       NotImplementedError.
     """
+    _launch_blockscale(gemm_a8w8_blockscale, "blockscale", xq, wq, x_scale, w_scale, out,
+                       workspace, semaphore, tile, split_k, mma, stream)  # fmt: skip
+
+
+def launch_gemm_a8w8_blockscale_bpreshuffle(
+    xq: torch.Tensor,
+    wq: torch.Tensor,
+    x_scale: torch.Tensor,
+    w_scale: torch.Tensor,
+    out: torch.Tensor,
+    workspace: torch.Tensor | None,
+    semaphore: torch.Tensor | None,
+    *,
+    tile: A8W8Tile,
+    split_k: int,
+    mma: str,
+    stream: Any | None = None,
+) -> None:
+    """Launch the blockscale GEMM with a preshuffled WQ and scale-block-major x scales.
+
+    Contract: as launch_gemm_a8w8_blockscale, except that
+    - wq is preshuffled by shuffle_weight(w, BPRESHUFFLE_LAYOUT) (N and K multiples of 128
+      include its 16x16 blocks);
+    - x_scale is float32 [K / 128, M], contiguous: x_scale[kb, m] scales row m's k-block kb
+      (aiter's bpreshuffle layout of the [M, K / 128] scales), and its bytes stay below the
+      32-bit buffer offsets (M * K / 128 * 4 < OFFSET_LIMIT).
+    """
+    _launch_blockscale(gemm_a8w8_blockscale_bpreshuffle, "blockscale_bpreshuffle", xq, wq,
+                       x_scale, w_scale, out, workspace, semaphore, tile, split_k, mma, stream,
+                       x_k_major=True)  # fmt: skip
+
+
+def _launch_blockscale(jit_fn, family: str, xq, wq, x_scale, w_scale, out, workspace, semaphore,
+                       tile, split_k, mma, stream, *, x_k_major: bool = False) -> None:  # fmt: skip
     m, n, k = _check_common(
-        "blockscale", BLOCKSCALE_TILES, xq, wq, out, workspace, semaphore, tile, split_k, mma
+        family, BLOCKSCALE_TILES, xq, wq, out, workspace, semaphore, tile, split_k, mma
     )
     if xq.dtype not in BLOCKSCALE_INPUT_DTYPES:
         raise ValueError(f"xq: expected dtype in {BLOCKSCALE_INPUT_DTYPES}, got {xq.dtype}")
@@ -634,14 +721,21 @@ def launch_gemm_a8w8_blockscale(
         )
     if n % BLOCKSCALE_BLOCK:
         raise ValueError(f"wq: N = wq.shape[0] must be a multiple of {BLOCKSCALE_BLOCK}, got {n}")
-    _check_scale("x_scale", x_scale, (m, k // BLOCKSCALE_BLOCK))
-    _check_scale("w_scale", w_scale, (n // BLOCKSCALE_BLOCK, k // BLOCKSCALE_BLOCK))
+    num_sb = k // BLOCKSCALE_BLOCK
+    if x_k_major:
+        _check_scale("x_scale", x_scale, (num_sb, m))
+        problem = k_major_x_scale_problem(m, k)
+        if problem is not None:
+            raise ValueError(f"x_scale: {problem}")
+    else:
+        _check_scale("x_scale", x_scale, (m, num_sb))
+    _check_scale("w_scale", w_scale, (n // BLOCKSCALE_BLOCK, num_sb))
     ws_arg = workspace if split_k > 1 else x_scale
     sem_arg = semaphore if split_k > 1 else x_scale
     xq, wq, x_scale, w_scale, out, ws_arg, sem_arg = kernel_tensors(
         xq, wq, x_scale, w_scale, out, ws_arg, sem_arg
     )
-    gemm_a8w8_blockscale(
+    jit_fn(
         xq, wq, x_scale, w_scale, out, ws_arg, sem_arg, m, n, k,
         tile_m=tile.tile_m, tile_n=tile.tile_n, tile_k=tile.tile_k, split_k=split_k, mma=mma,
         stream=to_stream(stream),
