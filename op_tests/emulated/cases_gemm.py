@@ -1,0 +1,131 @@
+"""GEMM cases: bf16/fp16 (split-K by the heuristic and by a tuned row, bias, fp32 output),
+per-token fp8 with a preshuffled weight, and DeepSeek-V3 blockscale fp8, at M, N, K that are
+not multiples of the tiles.
+
+Tolerance: the kernels multiply exactly representable inputs (bf16, fp16, fp8 products are exact
+in fp32), sum in fp32 and round once to the output dtype, so the error is one rounding
+(ROUNDOFF, relative to the largest output bounds it) plus fp32 sums in another order (about
+sqrt(K) 2^-24 relative, below 1e-5 at these K).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from op_tests.emulated.suite import ROUNDOFF, CaseContext, case
+
+BF16_TABLE = "AITER_CONFIG_GEMM_BF16"
+BF16_HEADER = "gfx,cu_num,M,N,K,bias,dtype,outdtype,libtype,splitK,us,kernelName"
+
+
+def tolerance(out_dtype: torch.dtype) -> float:
+    return 2 * ROUNDOFF[out_dtype] + 1e-5
+
+
+def _a16w16(ctx: CaseContext, m, n, k, bias, dtype, out_dtype) -> None:
+    import aiter
+
+    a, b = ctx.randn(m, k, dtype=dtype), ctx.randn(n, k, dtype=dtype)
+    c = ctx.randn(n, dtype=out_dtype) if bias else None
+    out = aiter.gemm_a16w16(a, b, c, out_dtype=out_dtype)
+    ref = a.float() @ b.float().T + (c.float() if bias else 0)
+    ctx.check(f"gemm_a16w16 {m}x{n}x{k}", out, ref, tolerance(out_dtype))
+
+
+@case("gemm")
+def a16w16_heuristic_split_k(ctx: CaseContext) -> None:
+    """M = 5, K = 1024: the heuristic splits K in two (a GEMM and a reduction kernel)."""
+    _a16w16(ctx, 5, 100, 1024, False, torch.bfloat16, torch.bfloat16)
+
+
+@case("gemm")
+def a16w16_bias_tails(ctx: CaseContext) -> None:
+    _a16w16(ctx, 37, 200, 160, True, torch.bfloat16, torch.bfloat16)
+
+
+@case("gemm")
+def a16w16_fp16_to_fp32(ctx: CaseContext) -> None:
+    _a16w16(ctx, 70, 72, 96, True, torch.float16, torch.float32)
+
+
+@case("gemm")
+def a16w16_tuned_split_k_3(ctx: CaseContext) -> None:
+    """A tuned row: 32x64x128 tiles over K = 160 (a K tail inside the tile), split-K 3 over 5
+    k-blocks (splits of one and two k-blocks)."""
+    row = "{arch},{cu},20,130,160,1,torch.bfloat16,torch.bfloat16,flydsl,3,,flydsl_a16w16_mfma_32x64x128"
+    with ctx.table(BF16_TABLE, BF16_HEADER, [row]):
+        _a16w16(ctx, 20, 130, 160, True, torch.bfloat16, torch.bfloat16)
+
+
+def _fp8(ctx: CaseContext, *shape: int) -> torch.Tensor:
+    from aiter import device
+
+    return ctx.randn(*shape).to(device.fp8_dtype())
+
+
+def _bpreshuffle(ctx: CaseContext, m: int, n: int, k: int, out_dtype=torch.bfloat16) -> None:
+    import aiter
+
+    x, w = _fp8(ctx, m, k), _fp8(ctx, n, k)
+    xs = torch.rand(m, 1, generator=ctx.gen) + 0.5
+    ws = torch.rand(1, n, generator=ctx.gen) + 0.5
+    out = aiter.gemm_a8w8_bpreshuffle(x, aiter.shuffle_weight(w), xs, ws, out_dtype)
+    ref = (x.float() @ w.float().T) * xs * ws
+    ctx.check(f"gemm_a8w8_bpreshuffle {m}x{n}x{k}", out, ref, tolerance(out_dtype))
+
+
+@case("gemm")
+def a8w8_bpreshuffle_tails(ctx: CaseContext) -> None:
+    _bpreshuffle(ctx, 33, 160, 256)
+
+
+@case("gemm")
+def a8w8_bpreshuffle_fp16_out(ctx: CaseContext) -> None:
+    _bpreshuffle(ctx, 130, 96, 512, torch.float16)
+
+
+def blockscale_reference(x, w, xs, ws) -> torch.Tensor:
+    """x [M, K] scaled per 1 x 128 block by xs [M, K / 128], w [N, K] per 128 x 128 block by
+    ws [N / 128, K / 128], multiplied in fp32."""
+    xf = x.float() * xs.repeat_interleave(128, 1)
+    wf = w.float() * ws.repeat_interleave(128, 0).repeat_interleave(128, 1)
+    return xf @ wf.T
+
+
+def _blockscale(ctx: CaseContext, m: int, n: int, k: int, preshuffled: bool) -> None:
+    import aiter
+
+    x, w = _fp8(ctx, m, k), _fp8(ctx, n, k)
+    xs = torch.rand(m, k // 128, generator=ctx.gen) + 0.5
+    ws = torch.rand(n // 128, k // 128, generator=ctx.gen) + 0.5
+    ref = blockscale_reference(x, w, xs, ws)
+    if not preshuffled:
+        out = aiter.gemm_a8w8_blockscale(x, w, xs, ws)
+        ctx.check(f"gemm_a8w8_blockscale {m}x{n}x{k}", out, ref, tolerance(torch.bfloat16))
+        return
+    # the bpreshuffle entry reads x_scale block-major: the strided view of column-major scales,
+    # or aiter's contiguous [M, K/128] view of the same bytes
+    block_major = xs.T.contiguous()
+    for layout, x_scale in (("strided", block_major.T), ("aiter view", block_major.view(m, -1))):
+        out = aiter.gemm_a8w8_blockscale_bpreshuffle(x, aiter.shuffle_weight(w), x_scale, ws)
+        ctx.check(f"gemm_a8w8_blockscale_bpreshuffle {m}x{n}x{k} x_scale {layout}", out, ref,
+                  tolerance(torch.bfloat16))  # fmt: skip
+
+
+@case("gemm")
+def a8w8_blockscale_tails(ctx: CaseContext) -> None:
+    _blockscale(ctx, 33, 256, 384, preshuffled=False)
+
+
+@case("gemm")
+def a8w8_blockscale_small_m_long_k(ctx: CaseContext) -> None:
+    _blockscale(ctx, 3, 128, 1024, preshuffled=False)
+
+
+@case("gemm")
+def a8w8_blockscale_bpreshuffle_tails(ctx: CaseContext) -> None:
+    import aiter
+
+    if "gemm_a8w8_blockscale_bpreshuffle" not in aiter._ENTRIES:
+        raise NotImplementedError("aiter has no gemm_a8w8_blockscale_bpreshuffle")
+    _blockscale(ctx, 33, 256, 384, preshuffled=True)
