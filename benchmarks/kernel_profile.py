@@ -5,6 +5,9 @@ FlyDSL's ISA listings.
 
     .venv/bin/python benchmarks/kernel_profile.py [--arch gfx942,gfx950,gfx1250]
         [--kernel a16w16 ...] [--json PATH] [--keep-listings DIR]
+    .venv/bin/python benchmarks/kernel_profile.py --emulated REPORT.json [...] [--json PATH]
+
+The second form gives dynamic figures from emulated runs instead (benchmarks/emulated_profile.py).
 
 Each arch compiles in a child process of its own (FlyDSL freezes its target per process, and an
 LLVM abort kills the process: a child's death is reported as the failure of the config it was
@@ -475,8 +478,17 @@ def main(argv: list[str] | None = None) -> int:
         help="instead of the representative configs, every registry tile with one of these "
         "comma-separated tile_k values (e.g. 128,256)",
     )  # fmt: skip
+    parser.add_argument(
+        "--emulated", nargs="+", type=Path, metavar="REPORT",
+        help="instead: dynamic figures per kernel from emulated runs (op_tests/emulated/runner.py "
+        "reports or --check --execute --report documents); see benchmarks/emulated_profile.py",
+    )  # fmt: skip
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.emulated:
+        import emulated_profile
+
+        return emulated_profile.main(args.emulated, args.json)
     if args.child:
         _child(args.child[0], Path(args.child[1]))
         return 0

@@ -342,3 +342,19 @@ def test_atomic_cmpswap_writes_only_on_match() -> None:
     r = run(["global_atomic_cmpswap v0, v[2:3], v[4:5], off sc0", "s_waitcnt vmcnt(0)",
              "s_endpgm"], memory, setup=setup)  # fmt: skip
     assert data.tolist() == [100, 6] and r.waves[0].vgpr[0, :2].tolist() == [5, 6]
+
+
+def test_lds_bank_conflicts_follow_the_banks_of_the_arch() -> None:
+    """Model: 4-byte banks, 32 on gfx942 and 64 on gfx950 (CDNA3/CDNA4 ISA, "Local Data
+    Share"); lanes reading one dword share it; distinct dwords on one bank serialize."""
+    from aiter.emulator.banks import banks_of, conflict_cycles
+
+    lanes = np.arange(64, dtype=np.int64)
+    assert conflict_cycles(4 * lanes, 4, banks_of("gfx942")) == (2, 0)  # consecutive dwords
+    assert conflict_cycles(np.zeros(64, np.int64), 4, 32) == (2, 0)  # one dword: a broadcast
+    # a column of a 32-dword-wide row-major tile: every lane on bank 0 of 32
+    assert conflict_cycles(128 * lanes, 4, banks_of("gfx942")) == (2, 62)
+    # on 64 banks the same column lands on banks 0 and 32: 32 lanes on each, one phase
+    assert conflict_cycles(128 * lanes, 4, banks_of("gfx950")) == (1, 31)
+    # b128 reads of consecutive 16-byte rows fill the banks: 8 lanes per phase on 32 banks
+    assert conflict_cycles(16 * lanes, 16, 32) == (8, 0)

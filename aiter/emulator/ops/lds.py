@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from aiter.emulator.banks import banks_of, conflict_cycles
 from aiter.emulator.decode import Instruction
 from aiter.emulator.errors import MemoryFault
 from aiter.emulator.ops.registry import Ctx, op
@@ -88,6 +89,7 @@ def _read(nbytes: int, signed: bool = False, half: str | None = None):
         addr = _base(w, i) + i.mod_int("offset")
         data = np.zeros((LANES, nbytes), np.uint8)
         data[mask] = lds_read(ctx, addr[mask], nbytes, w, i.address)
+        _banks(ctx, addr[mask], nbytes)
         if nbytes >= 4:
             values = _as_dwords(data)
         else:
@@ -110,6 +112,7 @@ def _write(nbytes: int, hi: bool = False):
             raw = raw >> U32(16)
         data = np.ascontiguousarray(raw.T).view(np.uint8)[:, :nbytes]
         lds_write(ctx, addr[mask], data[mask], w, i.address)
+        _banks(ctx, addr[mask], nbytes)
         # An LDS write counts toward lgkmcnt until it completes, like a read.
         w.issue(Pending("lgkm", pc=i.address))
         _count(ctx, "lds_write_bytes", int(mask.sum()) * nbytes)
@@ -131,6 +134,7 @@ def _read2(nbytes: int, stride64: bool):
             data[mask, k * nbytes : (k + 1) * nbytes] = lds_read(
                 ctx, addr[mask], nbytes, w, i.address
             )
+            _banks(ctx, addr[mask], nbytes)
         _pending(w, i, _as_dwords(data), mask)
         _count(ctx, "lds_read_bytes", int(mask.sum()) * 2 * nbytes)
 
@@ -149,6 +153,7 @@ def _write2(nbytes: int, stride64: bool):
             data = np.ascontiguousarray(raw.T).view(np.uint8)
             addr = base + scale * i.mod_int(name)
             lds_write(ctx, addr[mask], data[mask], w, i.address)
+            _banks(ctx, addr[mask], nbytes)
         w.issue(Pending("lgkm", pc=i.address))
         _count(ctx, "lds_write_bytes", int(mask.sum()) * 2 * nbytes)
 
@@ -183,3 +188,10 @@ for _bits, _n in ((32, 4), (64, 8)):
 
 def _count(ctx: Ctx, key: str, value: int) -> None:
     ctx.counts[key] = ctx.counts.get(key, 0) + value
+
+
+def _banks(ctx: Ctx, addresses: np.ndarray, nbytes: int) -> None:
+    """Count the access's LDS phases and bank-conflict cycles (aiter.emulator.banks)."""
+    phases, extra = conflict_cycles(addresses, nbytes, banks_of(ctx.kernel.arch))
+    _count(ctx, "lds_phases", phases)
+    _count(ctx, "lds_bank_conflict_cycles", extra)
