@@ -12,19 +12,17 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from aiter import flydsl_bridge as bridge
+
 REPO = Path(__file__).resolve().parent.parent
 
 
 def run_aot(module: str, *args: str, env: dict[str, str] | None = None, timeout: int = 900):
     """`python -m module args...` from the repository root; returns the CompletedProcess."""
-    full_env = {**os.environ, **(env or {})}
-    full_env["PYTHONPATH"] = os.pathsep.join(
-        p for p in (str(REPO), full_env.get("PYTHONPATH", "")) if p
-    )
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=REPO,
-        env=full_env,
+        env=aot_env(env),
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -77,8 +75,12 @@ def run_aot_together(
 
 def aot_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment `run_aot` gives the command: os.environ, `env`, the repository on
-    PYTHONPATH."""
-    full_env = {**os.environ, **(env or {})}
+    PYTHONPATH. A target this test process took for itself (an in-process dry run or
+    aiter.emulated sets ARCH, FLYDSL_GPU_ARCH, COMPILE_ONLY) is not passed on unless `env`
+    names it: a command starts as from a user's shell."""
+    own_target = {bridge.ENV_ARCH, bridge.ENV_GPU_ARCH, bridge.ENV_COMPILE_ONLY}
+    inherited = {k: v for k, v in os.environ.items() if k not in own_target}
+    full_env = {**inherited, **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(REPO), full_env.get("PYTHONPATH", "")) if p
     )

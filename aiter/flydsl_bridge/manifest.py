@@ -24,6 +24,9 @@ from aiter.flydsl_bridge.entries import entry_defect, file_digest
 from aiter.typed_json import from_json, to_json
 
 MANIFEST_NAME = "aiter_aot_manifest.json"
+# The files of a cache that are aiter's and FlyDSL's bookkeeping, not kernels: the manifest, its
+# temporaries and every lock file.
+BOOKKEEPING_PATTERNS = (f"{MANIFEST_NAME}*", f".{MANIFEST_NAME}*", "*.lock")
 FORMAT = 3  # a manifest of another format reads as empty: everything is replayed and rewritten
 
 

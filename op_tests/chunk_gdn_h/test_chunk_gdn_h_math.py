@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from aiter.ops.chunk_gdn_h.plan import legal_block_vs
+from aiter.ops.chunk_gdn_h.reference import chunk_states, naive_states, wy_inputs
 from op_tests.chunk_gdn_h.emulation import emulate, emulate_lanes
-from op_tests.chunk_gdn_h.reference import chunk_states, naive_states, wy_inputs
 from op_tests.shared.mainloop_emulation import fast_first
 
 F64 = torch.float64

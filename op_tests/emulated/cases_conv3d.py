@@ -9,40 +9,9 @@ rounds once (the bias added in fp32 first): 2 ROUNDOFF, plus fp32 sums in anothe
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-from op_tests.emulated.suite import ROUNDOFF, CaseContext, case
-
-
-def _conv(
-    ctx: CaseContext,
-    what,
-    x_shape,
-    w_shape,
-    *,
-    dtype=torch.bfloat16,
-    bias=True,
-    stride=1,
-    padding=0,
-    dilation=1,
-    groups=1,
-    input_layout="NCDHW",
-    output_layout="NCDHW",
-) -> None:
-    import aiter
-
-    x = ctx.randn(*x_shape, dtype=dtype)
-    fan_in = w_shape[1] * w_shape[2] * w_shape[3] * w_shape[4]
-    w = ctx.randn(*w_shape, dtype=dtype, scale=fan_in**-0.5)
-    b = ctx.randn(w_shape[0], dtype=dtype) if bias else None
-    x_in = x.permute(0, 2, 3, 4, 1).contiguous() if input_layout == "NDHWC" else x
-    out = aiter.conv3d(x_in, w, b, stride=stride, padding=padding, dilation=dilation,
-                       groups=groups, input_layout=input_layout, output_layout=output_layout)  # fmt: skip
-    ref = F.conv3d(x.float(), w.float(), b.float() if bias else None, stride, padding,
-                   dilation, groups)  # fmt: skip
-    if output_layout == "NDHWC":
-        ref = ref.permute(0, 2, 3, 4, 1)
-    ctx.check(what, out, ref, 2 * ROUNDOFF[dtype] + 1e-5)
+from aiter.ops.conv3d.reach import conv_case as _conv
+from op_tests.emulated.suite import CaseContext, case
 
 
 @case("conv3d")

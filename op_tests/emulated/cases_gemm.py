@@ -2,24 +2,19 @@
 per-token fp8 with a preshuffled weight, and DeepSeek-V3 blockscale fp8, at M, N, K that are
 not multiples of the tiles.
 
-Tolerance: the kernels multiply exactly representable inputs (bf16, fp16, fp8 products are exact
-in fp32), sum in fp32 and round once to the output dtype, so the error is one rounding
-(ROUNDOFF, relative to the largest output bounds it) plus fp32 sums in another order (about
-sqrt(K) 2^-24 relative, below 1e-5 at these K).
+Tolerance: aiter.ops.gemm.reach.tolerance (one rounding to the output dtype plus fp32 sums in
+another order).
 """
 
 from __future__ import annotations
 
 import torch
 
-from op_tests.emulated.suite import ROUNDOFF, CaseContext, case
+from aiter.ops.gemm.reach import blockscale_reference, tolerance
+from op_tests.emulated.suite import CaseContext, case
 
 BF16_TABLE = "AITER_CONFIG_GEMM_BF16"
 BF16_HEADER = "gfx,cu_num,M,N,K,bias,dtype,outdtype,libtype,splitK,us,kernelName"
-
-
-def tolerance(out_dtype: torch.dtype) -> float:
-    return 2 * ROUNDOFF[out_dtype] + 1e-5
 
 
 def _a16w16(ctx: CaseContext, m, n, k, bias, dtype, out_dtype) -> None:
@@ -82,14 +77,6 @@ def a8w8_bpreshuffle_tails(ctx: CaseContext) -> None:
 @case("gemm")
 def a8w8_bpreshuffle_fp16_out(ctx: CaseContext) -> None:
     _bpreshuffle(ctx, 130, 96, 512, torch.float16)
-
-
-def blockscale_reference(x, w, xs, ws) -> torch.Tensor:
-    """x [M, K] scaled per 1 x 128 block by xs [M, K / 128], w [N, K] per 128 x 128 block by
-    ws [N / 128, K / 128], multiplied in fp32."""
-    xf = x.float() * xs.repeat_interleave(128, 1)
-    wf = w.float() * ws.repeat_interleave(128, 0).repeat_interleave(128, 1)
-    return xf @ wf.T
 
 
 def _blockscale(ctx: CaseContext, m: int, n: int, k: int, preshuffled: bool) -> None:

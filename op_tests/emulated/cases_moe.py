@@ -14,32 +14,20 @@ from __future__ import annotations
 
 import torch
 
+from aiter.ops.moe.reach import EXPERTS, route, weights
+from aiter.ops.moe.reference import fused_moe_reference
 from op_tests.emulated.suite import ROUNDOFF, CaseContext, case
-from op_tests.moe.reference import fused_moe_reference
 
-M, MODEL_DIM, INTER, EXPERTS, TOPK = 5, 128, 96, 4, 2
-
-
-def _weights(ctx: CaseContext, dtype, experts=EXPERTS, inter=INTER, model_dim=MODEL_DIM):
-    w1 = ctx.randn(experts, 2 * inter, model_dim, scale=model_dim**-0.5, dtype=dtype)
-    w2 = ctx.randn(experts, model_dim, inter, scale=inter**-0.5, dtype=dtype)
-    return w1, w2
-
-
-def _route(ctx: CaseContext, x: torch.Tensor, experts: int, topk: int = TOPK):
-    import aiter
-
-    logits = ctx.randn(x.shape[0], experts)
-    return aiter.fused_topk(x, logits, topk, True)
+M, MODEL_DIM, INTER = 5, 128, 96
 
 
 def _moe(ctx: CaseContext, what: str, dtype=torch.bfloat16, m=M, **kw) -> None:
     import aiter
 
     x = ctx.randn(m, MODEL_DIM, dtype=dtype)
-    w1, w2 = _weights(ctx, dtype)
+    w1, w2 = weights(ctx, dtype)
     experts_global = kw.pop("experts_global", EXPERTS)
-    tw, ti = _route(ctx, x, experts_global)
+    tw, ti = route(ctx, x, experts_global)
     activation = kw.get("activation", "silu")
     if activation == "swiglu":
         kw["bias1"] = ctx.randn(EXPERTS, 2 * INTER, scale=0.1)
@@ -92,11 +80,11 @@ def per_token_fp8(ctx: CaseContext) -> None:
 
     fp8 = device.fp8_dtype()
     x = ctx.randn(7, MODEL_DIM, dtype=torch.bfloat16)
-    w1, w2 = _weights(ctx, torch.float32)
+    w1, w2 = weights(ctx, torch.float32)
     s1 = w1.abs().amax(dim=2, keepdim=True) / torch.finfo(fp8).max
     s2 = w2.abs().amax(dim=2, keepdim=True) / torch.finfo(fp8).max
     q1, q2 = (w1 / s1).to(fp8), (w2 / s2).to(fp8)
-    tw, ti = _route(ctx, x, EXPERTS)
+    tw, ti = route(ctx, x, EXPERTS)
     out = aiter.fused_moe(x, aiter.shuffle_weight(q1), aiter.shuffle_weight(q2), tw, ti,
                           quant_type="per_token", w1_scale=s1, w2_scale=s2)  # fmt: skip
     ref = fused_moe_reference(x, q1, q2, tw, ti, activation="silu", gate_mode="separated",

@@ -3,7 +3,9 @@
 The builder's `--list --report` names every kernel the default tables reach (its cache entry:
 `<function>_<digest>/<file>`); the suite's report names every kernel its cases launched. The
 coverage of a family is the share of its listed entries the suite ran; the rest are printed
-with their parameters, the kernels no emulated case has proven yet.
+with their parameters, the kernels no emulated case has proven yet, and so are the cases that
+failed (a wrong result, an error, a listed kernel its call did not launch) and the listed
+kernels no public call reaches, with the reason. Exits 1 when a case failed.
 
     python -m op_tests.emulated.coverage SUITE_REPORT LISTING_REPORT [--out FILE]
 """
@@ -14,6 +16,8 @@ import argparse
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from aiter.verify.execute import failed
 
 
 @dataclass
@@ -53,7 +57,7 @@ def coverage(suite: dict, listing: dict) -> dict[str, FamilyCoverage]:
     return families
 
 
-def render(arch: str, families: dict[str, FamilyCoverage]) -> str:
+def render(arch: str, families: dict[str, FamilyCoverage], suite: dict | None = None) -> str:
     lines = [f"{arch}: emulated kernels of the default cache"]
     total_listed = sum(len(f.listed) for f in families.values())
     total_run = sum(len(f.executed) for f in families.values())
@@ -67,6 +71,11 @@ def render(arch: str, families: dict[str, FamilyCoverage]) -> str:
     for module, family in sorted(families.items()):
         for entry, params in family.unreached():
             lines.append(f"  not executed: {module} {entry} {params}")
+    for case in (suite or {}).get("cases", []):
+        if case.get("unreachable"):
+            lines.append(f"  unreachable: {case['case']}: {case['unreachable']}")
+        elif failed(case):
+            lines.append(f"  FAILED: {case['case']}")
     return "\n".join(lines)
 
 
@@ -78,11 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     suite = json.loads(args.suite_report.read_text())
     families = coverage(suite, json.loads(args.listing_report.read_text()))
-    text = render(suite["arch"], families)
+    text = render(suite["arch"], families, suite)
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
-    return 0
+    return 1 if any(failed(case) for case in suite["cases"]) else 0
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """The emulated numerics suite on gfx942 and gfx950: every case's outputs against its torch
-reference, and how much of the arch's default kernel cache the cases executed.
+reference, a sample of the default cache's listed kernels reached by small calls, and how much
+of the arch's default kernel cache they executed.
 
-Per arch, two child processes (FlyDSL freezes its target per process): the suite's runner with
-an empty kernel cache (every kernel it reaches compiles, then runs on the emulator), and the
-builder's `--list --report` naming every kernel of the default tables.
+Per arch, two child processes (FlyDSL freezes its target per process): the builder's
+`--list --report` naming every kernel of the default tables, then the suite's runner with an
+empty kernel cache (every kernel it reaches compiles, then runs on the emulator) and that
+listing, running LISTED_SAMPLE listed kernels per FlyDSL function that no case executed.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from op_tests.emulated.suite import FAMILIES, all_cases
 pytestmark = pytest.mark.slow
 
 ARCHS = ("gfx942", "gfx950")
+LISTED_SAMPLE = 1
 CASES = all_cases()
 # the builder's module of each suite family
 MODULES = {family: family for family in FAMILIES}
@@ -48,9 +51,10 @@ def reports(tmp_path_factory) -> dict:
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
             env.pop("FLYDSL_RUNTIME_RUN_ONLY", None)
             suite, listing = scratch / "suite.json", scratch / "listing.json"
-            _child(["op_tests.emulated.runner", arch, str(suite)], env)
             _child(["aiter.aot.flydsl", "--list", "--report", str(listing)],
                    dict(env, GPU_ARCHS=arch))  # fmt: skip
+            _child(["op_tests.emulated.runner", arch, str(suite), "--listing", str(listing),
+                    "--sample", str(LISTED_SAMPLE)], env)  # fmt: skip
             made[arch] = json.loads(suite.read_text()), json.loads(listing.read_text())
         return made[arch]
 
@@ -62,7 +66,7 @@ def reports(tmp_path_factory) -> dict:
 )
 def test_case_matches_its_reference(reports, arch: str, case_id: str) -> None:
     suite, _ = reports(arch)
-    (result,) = [c for c in suite["cases"] if c["case"] == case_id]
+    (result,) = [c for c in suite["cases"] if c["case"] == case_id and "target" not in c]
     assert result["error"] is None, f"{arch} {case_id} raised:\n{result['error']}"
     assert result["checks"], f"{arch} {case_id} checked nothing"
     assert result["launches"] > 0, f"{arch} {case_id} launched no FlyDSL kernel"
@@ -70,6 +74,24 @@ def test_case_matches_its_reference(reports, arch: str, case_id: str) -> None:
     assert not failed, f"{arch} {case_id}: " + "; ".join(
         f"{c['what']}: error {c['error']:.3g} > tolerance {c['tolerance']:.3g}" for c in failed
     )
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_listed_kernels_are_reached_and_match_torch(reports, arch: str) -> None:
+    """Every FlyDSL function of the default cache has a reacher, and each sampled listed kernel's
+    small call launched that cache entry and matched its reference."""
+    from op_tests.emulated.runner import failed
+
+    suite, _ = reports(arch)
+    listed = [c for c in suite["cases"] if "target" in c]
+    assert listed, f"{arch}: no listed kernel was left for the sample to run"
+    problems = [
+        f"{c['case']}: " + (c["error"] or c.get("unreachable") or f"reached={c['reached']} "
+                            f"checks={c['checks']} launched={[k['entry'] for k in c['kernels']]}")
+        for c in listed
+        if failed(c) or (c.get("unreachable") or "").startswith("no reacher")
+    ]  # fmt: skip
+    assert not problems, f"{arch}:\n" + "\n".join(problems)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -14,18 +14,17 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from aiter import flydsl_bridge as bridge
 from aiter.aot.flydsl.dry_run import dry_run
 from aiter.ops.fmha_fp8.kernels import flash_attn as fa
 from aiter.ops.fmha_fp8.kernels import flash_attn_index as ix
+from aiter.ops.fmha_fp8.reference import NEG_INF, reference, rows_view
 from aiter.ops.shared.mainloop_index import LDS_BYTES
 from op_tests.compile_child import LIST_THEN_BUILD, compile_env, disassemble_or_skip, run_child
 from op_tests.shared.mainloop_emulation import Lds, fast_first
 
 FNUZ, FN = torch.float8_e4m3fnuz, torch.float8_e4m3fn
-NEG_INF = float("-inf")
 
 
 def _pick(cond, a, b):
@@ -467,11 +466,6 @@ def test_online_softmax_rules() -> None:
 # --- the kernels' arithmetic, emulated on CPU --------------------------------------------
 
 
-def _rows_view(x: torch.Tensor, varlen: bool) -> torch.Tensor:
-    """[rows, heads, dim] float32 view of a dense [B, S, H, dim] or varlen [T, H, dim] tensor."""
-    return x.float().reshape(-1, x.shape[-2], x.shape[-1]) if not varlen else x.float()
-
-
 def _buffer_gather(flat, base, nbytes, offsets, count):
     """What buffer loads of `count` fp8 bytes at `offsets` from element `base` return: zeros
     for a load past the buffer's `nbytes` (the hardware's out-of-range zeros)."""
@@ -576,7 +570,7 @@ def emulate(q, k, v, descales, softmax_scale, causal, *, block_m, threshold, num
     visits, of out/lse writes per (row, head), of workspace writes per (split, row, head), and
     of the lazy rescale events."""
     varlen = cu_q is not None
-    qf, kf, vf = (_rows_view(x, varlen) for x in (q, k, v))
+    qf, kf, vf = (rows_view(x, varlen) for x in (q, k, v))
     rows, hq, _ = qf.shape
     hkv, dv = kf.shape[1], vf.shape[2]
     if varlen:
@@ -728,41 +722,6 @@ def _emulate_combine(ws_out, ws_lse, vd, out, lse, writes, rows, hq, dv, splits,
     batch, pos = ix.lse_position(row[first], lse_len)
     value = ix.lse_from(m_max[first], den[first], NEG_INF, torch.log2, _where)
     lse[ix.lse_offset(batch, head[first], pos, hq, lse_len)] = value
-
-
-def reference(q, k, v, descales, softmax_scale, causal, cu_q=None, cu_k=None):
-    """scaled_dot_product_attention in fp32 on the dequantised inputs, sequence by sequence
-    (GQA by repeating kv heads, bottom-right causal by an explicit mask), and logsumexp(S).
-    Returns out [rows, Hq, Dv], lse [Hq, rows] and the visible-pair mask [Hq, rows, key rows]."""
-    varlen = cu_q is not None
-    qf, kf, vf = (_rows_view(x, varlen) * d for x, d in zip((q, k, v), descales, strict=True))
-    rows, hq, _ = qf.shape
-    hkv, dv = kf.shape[1], vf.shape[2]
-    if not varlen:
-        batch, sq, sk = q.shape[0], q.shape[1], k.shape[1]
-        cu_q = [b * sq for b in range(batch + 1)]
-        cu_k = [b * sk for b in range(batch + 1)]
-    out = torch.zeros(rows, hq, dv)
-    lse = torch.full((hq, rows), NEG_INF)
-    visible = torch.zeros(hq, rows, kf.shape[0], dtype=torch.int32)
-    for b in range(len(cu_q) - 1):
-        q0, q1, k0, k1 = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
-        sq, sk = q1 - q0, k1 - k0
-        if sq == 0 or sk == 0:
-            continue
-        qs = qf[q0:q1].transpose(0, 1)
-        ks = kf[k0:k1].repeat_interleave(hq // hkv, dim=1).transpose(0, 1)
-        vs = vf[k0:k1].repeat_interleave(hq // hkv, dim=1).transpose(0, 1)
-        mask = torch.ones(sq, sk, dtype=torch.bool)
-        if causal:
-            mask = torch.arange(sk)[None, :] <= torch.arange(sq)[:, None] + sk - sq
-        o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=softmax_scale)
-        any_key = mask.any(dim=1)
-        out[q0:q1] = torch.where(any_key[None, :, None], o, 0.0).transpose(0, 1)
-        s = (qs @ ks.transpose(1, 2)) * softmax_scale
-        lse[:, q0:q1] = torch.logsumexp(s.masked_fill(~mask, NEG_INF), dim=-1)
-        visible[:, q0:q1, k0:k1] = mask.int()[None]
-    return out, lse, visible
 
 
 def _make_inputs(case: dict, seed: int):

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 
 from aiter.ops.moe.kernels import quant
 from aiter.ops.moe.kernels import quant_index as ix
+from aiter.ops.moe.reference import per_token_quant
 from op_tests.compile_child import compile_env, run_child
-from op_tests.moe.reference import per_token_quant
 
 ARCHS = ("gfx942", "gfx950", "gfx1250")
 WAVE_SIZE = {"gfx942": 64, "gfx950": 64, "gfx1250": 32}

@@ -22,17 +22,17 @@ from aiter.ops.moe.kernels.sorting_index import (
     sentinel_id,
     sorting_sizes,
 )
-from aiter.ops.shared import mainloop_index as mx
-from aiter.ops.shared.preshuffle import shuffle_weight
-from aiter.ops.shared.tiles import GemmTile
-from op_tests.compile_child import compile_env, disassemble_or_skip, run_child
-from op_tests.moe.reference import (
+from aiter.ops.moe.reference import (
     act_reference,
     fused_moe_reference,
     local_experts,
     per_token_quant,
     split_gate_up,
 )
+from aiter.ops.shared import mainloop_index as mx
+from aiter.ops.shared.preshuffle import shuffle_weight
+from aiter.ops.shared.tiles import GemmTile
+from op_tests.compile_child import compile_env, disassemble_or_skip, run_child
 from op_tests.shared.mainloop_emulation import (
     AccessStats,
     WorkGroup,

@@ -247,6 +247,9 @@ def test_torch_serves_a_torch_row_with_aiters_scale_layout(tmp_path, monkeypatch
     table = tmp_path / A8W8_BLOCKSCALE_BPRESHUFFLE.name
     table.write_text(",".join(A8W8_BLOCKSCALE_BPRESHUFFLE.header) + "\n" + row + "\n")
     monkeypatch.setenv(A8W8_BLOCKSCALE_BPRESHUFFLE.env_var, str(table))
+    for name in (bridge.ENV_ARCH, bridge.ENV_GPU_ARCH):
+        # aiter.emulated sets the target for the process; the worker's later tests get theirs back
+        monkeypatch.setenv(name, ARCH)
     gen = torch.Generator().manual_seed(7)
     x = torch.randn(m, k, generator=gen).to(FP8)
     w = torch.randn(n, k, generator=gen).to(FP8)

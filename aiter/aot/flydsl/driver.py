@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import selectors
+import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -308,6 +309,7 @@ def _write_report_file(
     arch_reports: list[ArchReport],
     rows: list[dict[str, Any]],
     up_to_date: bool = False,
+    executed: dict[str, list[dict]] | None = None,
 ) -> None:
     """--report PATH: the whole typed report as JSON (a build the memo answered has no
     ArchReports)."""
@@ -320,7 +322,31 @@ def _write_report_file(
         "archs": to_json(arch_reports),
         "summary": rows,
     }
+    if executed:
+        document["executed"] = executed
     Path(build.report_path).write_text(json.dumps(document, indent=1))
+
+
+def _execute(build: Build, arch_reports: list[ArchReport], out: dict[str, list[dict]]) -> bool:
+    """--check --execute: each arch's cached kernels run on the emulator; whether any failed."""
+    from aiter.aot.flydsl.audit import execute
+
+    failed = False
+    for report in arch_reports:
+        if report.crashed:
+            continue
+        print(f"execute {report.arch}: running the cached kernels on the emulator", file=sys.stderr)
+        try:
+            records = execute.execute(report, build.cache_dir, build.sample, build.seed)
+        except (RuntimeError, subprocess.TimeoutExpired) as err:
+            print(f"error: {err}", file=sys.stderr)
+            failed = True
+            continue
+        out[report.arch] = records
+        lines, bad = execute.summary(report.arch, records)
+        print("\n".join(lines))
+        failed |= bad
+    return failed
 
 
 def main(module_paths: Sequence[str] | None = None, argv: Sequence[str] | None = None) -> int:
@@ -383,6 +409,9 @@ def main(module_paths: Sequence[str] | None = None, argv: Sequence[str] | None =
             write_manifest(build, report)
     rows = summary_rows(arch_reports)
     print_summary(rows, arch_reports, build.maxima)
+    executed: dict[str, list[dict]] = {}
+    if build.execute:
+        failed |= _execute(build, arch_reports, executed)
     if build.tables:
         specs = [(spec, build.extra_paths(spec)) for spec in build.specs()]
         print("\n".join(table_lines(specs)))
@@ -402,7 +431,7 @@ def main(module_paths: Sequence[str] | None = None, argv: Sequence[str] | None =
             inputs or {},
             shard=build.shard,
         )
-    _write_report_file(build, arch_reports, rows)
+    _write_report_file(build, arch_reports, rows, executed=executed)
     if build.mode == Mode.BUILD:
         print(f"cache: {build.cache_dir}")
         print(

@@ -229,7 +229,7 @@ def moe_sorting(
 
 def _quantize_per_token(x: torch.Tensor, fp8: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-row fp8 quantization in one FlyDSL launch: x ~= q * scale, scale fp32 [rows, 1]
-    (op_tests/moe/reference.py per_token_quant is its arithmetic)."""
+    (aiter.ops.moe.reference.per_token_quant is its arithmetic)."""
     from aiter.ops.moe.kernels.quant import launch_moe_quant_per_token
 
     rows, cols = x.shape

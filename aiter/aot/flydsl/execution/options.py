@@ -47,6 +47,7 @@ class Build:
     seed: int
     verbose: bool
     timeout: float = DEFAULT_TIMEOUT
+    execute: bool = False  # --check --execute: run the cached kernels on the emulator
     no_memo: bool = False
     report_path: str | None = None  # --report PATH: the typed report as JSON
     # --csv: table file name -> the files that extend it (resolved), merged after those the
@@ -258,6 +259,12 @@ def _parser(prog: str, axes: dict[str, Any], combined: bool) -> argparse.Argumen
         metavar="N",
         help="with --check: also name the kernels at N random points inside every segment",
     )
+    parser.add_argument(
+        "--execute",
+        action="store_true",
+        help="with --check: run every cached kernel the rows reach (with --sample N, N per "
+        "FlyDSL function) on aiter's emulator in a small call, checked against torch",
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of --sample's points")
     parser.add_argument(
         "--timeout",
@@ -384,6 +391,8 @@ def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Bui
             raise UsageError(f"--report {args.report}: expected a file in an existing directory")
     if args.sample < 0 or (args.sample and mode != Mode.CHECK):
         raise UsageError("--sample N needs --check and N >= 0")
+    if args.execute and mode != Mode.CHECK:
+        raise UsageError("--execute goes with --check: it runs the kernels a check found")
     maxima = {name: getattr(args, f"max_{name}") for name in axes}
     for name, value in maxima.items():
         if value < 1:
@@ -424,6 +433,7 @@ def parse(module_paths: Sequence[str] | None, argv: Sequence[str] | None) -> Bui
         workers=args.workers,
         sample=args.sample,
         seed=args.seed,
+        execute=args.execute,
         verbose=args.verbose,
         timeout=args.timeout,
         no_memo=args.no_memo,

@@ -1,5 +1,6 @@
 """Dense torch fp32 reference of a whole MoE layer (both expert GEMM stages), written without
-the kernels' index math, for the FlyDSL MoE kernel tests and the host tests."""
+the kernels' index math, for the FlyDSL MoE kernel tests, the host tests and the emulated
+checks of aiter.ops.moe.reach."""
 
 from __future__ import annotations
 

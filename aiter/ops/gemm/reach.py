@@ -1,0 +1,159 @@
+"""Listed GEMM kernels reached by small calls: a tuned row names the listed tile and split-K
+for the call's exact M, N, K, as a deployment's table does.
+
+The shapes: M one row past the tile (a full block and a one-row tail), N the first multiple of
+the family's N step past the tile, K two k-tiles per split, so every split has work and the
+tails of M and N are exercised.
+Tolerance: the kernels multiply exactly representable inputs (bf16, fp16, fp8 products are exact
+in fp32), sum in fp32 and round once to the output dtype, so the error is one rounding
+(ROUNDOFF, relative to the largest output bounds it) plus fp32 sums in another order (about
+sqrt(K) 2^-24 relative, below 1e-5 at these K).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from aiter.verify.checks import ROUNDOFF, CaseContext
+from aiter.verify.reachers import Unreachable, as_bool, reaches
+
+BF16_HEADER = "gfx,cu_num,M,N,K,bias,dtype,outdtype,libtype,splitK,us,kernelName"
+BPRESHUFFLE_HEADER = "gfx,cu_num,M,N,K,q_dtype_w,libtype,kernelId,splitK,us,kernelName"
+BLOCKSCALE_HEADER = "gfx,cu_num,M,N,K,libtype,kernelId,splitK,us,kernelName"
+
+
+def tolerance(out_dtype: torch.dtype) -> float:
+    return 2 * ROUNDOFF[out_dtype] + 1e-5
+
+
+def blockscale_reference(x, w, xs, ws) -> torch.Tensor:
+    """x [M, K] scaled per 1 x 128 block by xs [M, K / 128], w [N, K] per 128 x 128 block by
+    ws [N / 128, K / 128], multiplied in fp32."""
+    xf = x.float() * xs.repeat_interleave(128, 1)
+    wf = w.float() * ws.repeat_interleave(128, 0).repeat_interleave(128, 1)
+    return xf @ wf.T
+
+
+def _dtype(name: str) -> torch.dtype:
+    return getattr(torch, name)
+
+
+def _shape(family, params: dict[str, str]) -> tuple[int, int, int, int]:
+    tile_m, tile_n, tile_k = (int(params[f"tile_{x}"]) for x in "mnk")
+    split_k = int(params["split_k"])
+    m = tile_m + 1
+    step = max(family.n_multiple, 16)
+    n = (tile_n // step + 1) * step
+    k = tile_k * split_k * 2
+    if k % family.k_multiple:
+        raise Unreachable(f"K = {k} is not a multiple of {family.k_multiple}")
+    return m, n, k, split_k
+
+
+def _row(family, params: dict[str, str], m: int, n: int, k: int, split_k: int, cells: str) -> str:
+    tile = "x".join(params[f"tile_{x}"] for x in "mnk")
+    name = f"{family.prefix}_{params['mma']}_{tile}"
+    return f"{{arch}},{{cu}},{m},{n},{k},{cells},{split_k},,{name}"
+
+
+@reaches("gemm_a16w16")
+def a16w16(ctx: CaseContext, params: dict[str, str]) -> None:
+    """The GEMM kernel; with split_k > 1 its C is the fp32 workspace, and the output dtype (the
+    reduction kernel's) is the bias's."""
+
+    split = int(params["split_k"]) > 1
+    out_dtype = _dtype(params["bias"] if split else params["c"])
+    _a16w16_call(ctx, params, out_dtype, as_bool(params["has_bias"]))
+
+
+@reaches("gemm_a16w16_splitk_reduce")
+def a16w16_reduce(ctx: CaseContext, params: dict[str, str]) -> None:
+    """The split-K reduction runs after any split GEMM of its split_k and output dtype: the
+    16x64x128 tile, whose K step every arch has."""
+    from aiter import device
+    from aiter.ops.gemm import plan
+
+    tile = plan.A16W16.heuristic_tile(17, 80, 512, device.cu_num(), device.arch_info().mma)
+    gemm = {"tile_m": str(tile.tile_m), "tile_n": str(tile.tile_n), "tile_k": str(tile.tile_k)}
+    gemm |= {"split_k": params["split_k"], "a": "bfloat16", "mma": device.arch_info().mma}
+    _a16w16_call(ctx, gemm, _dtype(params["out"]), as_bool(params["has_bias"]))
+
+
+def _a16w16_call(ctx: CaseContext, params, out_dtype: torch.dtype, bias: bool) -> None:
+    import aiter
+    from aiter.ops.gemm import plan
+
+    dtype = _dtype(params["a"])
+    m, n, k, split_k = _shape(plan.A16W16, params)
+    cells = f"{int(bias)},{dtype},{out_dtype},flydsl"
+    row = _row(plan.A16W16, params, m, n, k, split_k, cells)
+    a, b = ctx.randn(m, k, dtype=dtype), ctx.randn(n, k, dtype=dtype)
+    c = ctx.randn(n, dtype=out_dtype) if bias else None
+    with ctx.table("AITER_CONFIG_GEMM_BF16", BF16_HEADER, [row]):
+        out = aiter.gemm_a16w16(a, b, c, out_dtype=out_dtype)
+    ref = a.float() @ b.float().T + (c.float() if bias else 0)
+    ctx.check(f"gemm_a16w16 {m}x{n}x{k} split {split_k}", out, ref, tolerance(out_dtype))
+
+
+def _fp8(ctx: CaseContext, params: dict[str, str], *shape: int) -> torch.Tensor:
+    from aiter import device
+
+    if _dtype(params["xq"]) != device.fp8_dtype():
+        raise Unreachable(f"{params['xq']} is not {device.fp8_dtype()}, this arch's fp8")
+    return ctx.randn(*shape).to(device.fp8_dtype())
+
+
+@reaches("gemm_a8w8_bpreshuffle")
+def a8w8_bpreshuffle(ctx: CaseContext, params: dict[str, str]) -> None:
+    import aiter
+    from aiter import device
+    from aiter.ops.gemm import plan
+
+    out_dtype = _dtype(params["out"])
+    m, n, k, split_k = _shape(plan.BPRESHUFFLE, params)
+    cells = f"{device.fp8_dtype()},flydsl,0"
+    row = _row(plan.BPRESHUFFLE, params, m, n, k, split_k, cells)
+    x, w = _fp8(ctx, params, m, k), _fp8(ctx, params, n, k)
+    xs = torch.rand(m, 1, generator=ctx.gen) + 0.5
+    ws = torch.rand(1, n, generator=ctx.gen) + 0.5
+    with ctx.table("AITER_CONFIG_GEMM_A8W8_BPRESHUFFLE", BPRESHUFFLE_HEADER, [row]):
+        out = aiter.gemm_a8w8_bpreshuffle(x, aiter.shuffle_weight(w), xs, ws, out_dtype)
+    ref = (x.float() @ w.float().T) * xs * ws
+    what = f"gemm_a8w8_bpreshuffle {m}x{n}x{k} split {split_k}"
+    ctx.check(what, out, ref, tolerance(out_dtype))
+
+
+@reaches("gemm_a8w8_blockscale")
+def a8w8_blockscale(ctx: CaseContext, params: dict[str, str]) -> None:
+    _blockscale(ctx, params, preshuffled=False)
+
+
+@reaches("gemm_a8w8_blockscale_bpreshuffle")
+def a8w8_blockscale_bpreshuffle(ctx: CaseContext, params: dict[str, str]) -> None:
+    """The preshuffled weight's kernel takes x_scale block-major, as aiter passes it."""
+    _blockscale(ctx, params, preshuffled=True)
+
+
+def _blockscale(ctx: CaseContext, params: dict[str, str], preshuffled: bool) -> None:
+    import aiter
+    from aiter.ops.gemm import plan
+
+    family = plan.BLOCKSCALE_BPRESHUFFLE if preshuffled else plan.BLOCKSCALE
+    out_dtype = _dtype(params["out"])
+    m, n, k, split_k = _shape(family, params)
+    row = _row(family, params, m, n, k, split_k, "flydsl,0")
+    x, w = _fp8(ctx, params, m, k), _fp8(ctx, params, n, k)
+    xs = torch.rand(m, k // 128, generator=ctx.gen) + 0.5
+    ws = torch.rand(n // 128, k // 128, generator=ctx.gen) + 0.5
+    if preshuffled:
+        env, entry = "AITER_CONFIG_GEMM_A8W8_BLOCKSCALE_BPRESHUFFLE", "bpreshuffle"
+        with ctx.table(env, BLOCKSCALE_HEADER, [row]):
+            out = aiter.gemm_a8w8_blockscale_bpreshuffle(
+                x, aiter.shuffle_weight(w), xs.T.contiguous().T, ws, out_dtype
+            )
+    else:
+        env, entry = "AITER_CONFIG_GEMM_A8W8_BLOCKSCALE", ""
+        with ctx.table(env, BLOCKSCALE_HEADER, [row]):
+            out = aiter.gemm_a8w8_blockscale(x, w, xs, ws, out_dtype)
+    what = f"gemm_a8w8_blockscale{'_' + entry if entry else ''} {m}x{n}x{k} split {split_k}"
+    ctx.check(what, out, blockscale_reference(x, w, xs, ws), tolerance(out_dtype))
