@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.aiter-installed
 
-.PHONY: aot test fast lint format venv clean-venv
+.PHONY: aot test fast lint format venv clean-venv emulated-coverage
 
 $(STAMP): setup.py pyproject.toml $(wildcard csrc/*)
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,19 @@ test: $(STAMP)
 # The inner loop: everything but the slow tests, over the machine's two cores.
 fast: $(STAMP)
 	$(PY) -m pytest -m "not slow" -n 2 --dist worksteal
+
+# Every kernel of the default cache of gfx942 and gfx950 run on the emulator: the suite's cases,
+# then a small call for each listed kernel they left; coverage per family in build/emulated/.
+EMULATED := build/emulated
+emulated-coverage: $(STAMP)
+	mkdir -p $(EMULATED)
+	set -e; for arch in gfx942 gfx950; do \
+		GPU_ARCHS=$$arch $(PY) -m aiter.aot.flydsl --list --report $(EMULATED)/listing_$$arch.json; \
+		FLYDSL_RUNTIME_CACHE_DIR=$(EMULATED)/cache_$$arch $(PY) -m op_tests.emulated.runner $$arch \
+			$(EMULATED)/suite_$$arch.json --listing $(EMULATED)/listing_$$arch.json || true; \
+		$(PY) -m op_tests.emulated.coverage $(EMULATED)/suite_$$arch.json \
+			$(EMULATED)/listing_$$arch.json --out $(EMULATED)/coverage_$$arch.txt; \
+	done
 
 lint: $(STAMP)
 	$(PY) -m ruff check .
