@@ -147,11 +147,6 @@ def emulated(
     from aiter.arch import get_arch
 
     info = get_arch(arch)
-    if info.wave_size != 64:
-        raise NotImplementedError(
-            f"aiter's emulator runs wave64 code objects (gfx942, gfx950); {info.name} is "
-            f"wave{info.wave_size}"
-        )
     cus = info.default_cu_num if cu_num is None else int(cu_num)
     if cus < 1:
         raise ValueError(f"cu_num must be a positive CU count, got {cu_num!r}")

@@ -55,6 +55,8 @@ FLAG_MODIFIERS = frozenset(
         "bound_ctrl",
         "dlc",
         "scc",
+        "nv",
+        "scale_offset",
     ]
 )
 
@@ -73,6 +75,7 @@ class Operand:
     abs: bool = False
     sext: bool = False
     text: str = ""
+    half: str = ""  # "l" or "h": a 16-bit half of a VGPR (gfx12's true16 operands)
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +87,9 @@ class Instruction:
     modifiers: dict[str, str | None] = field(default_factory=dict)
     text: str = ""
     words: tuple[int, ...] = ()
+    # A VOPD dual issue (gfx12's v_dual_X :: v_dual_Y): its two halves, executed as one
+    # instruction (both read their sources before either writes).
+    parts: tuple[Instruction, ...] = ()
 
     def mod(self, name: str, default: str | None = None) -> str | None:
         return self.modifiers.get(name, default)
@@ -114,7 +120,12 @@ class Program:
 _LINE = re.compile(
     r"^\s+([a-z_][a-z0-9_.]*)\s*(.*?)\s*//\s*([0-9A-Fa-f]+):\s*((?:[0-9A-F]{8}\s*)+)"
 )
-_REG = re.compile(r"^([sva])(\d+)$")
+_REG = re.compile(r"^([sva])(\d+)(?:\.([lh]))?$")
+_TTMP = re.compile(r"^ttmp(\d+)$")
+TTMP0 = 108  # ttmp0..ttmp15 are SGPR-file indices 108..123 (CDNA3 and gfx12 ISA)
+# llvm-objdump prints a register beyond v255 (gfx1250's s_set_vgpr_msb) as the encoded one
+# followed by the real one in a comment: "v2 /*v258*/", "v[0:1] /*v[256:257]*/".
+_MSB_NOTE = re.compile(r"(v\d+|v\[\d+:\d+\])(\.[lh])? /\*(v\d+|v\[\d+:\d+\])(\.[lh])?\*/")
 _RANGE = re.compile(r"^([sva])\[(\d+):(\d+)\]$")
 _INT = re.compile(r"^-?(0x[0-9a-fA-F]+|\d+)$")
 _FLOAT = re.compile(r"^-?\d+\.\d+(e[-+]?\d+)?$")
@@ -157,10 +168,15 @@ def parse_operand(token: str) -> Operand:
     if token.startswith("|") and token.endswith("|"):
         absolute, token = True, token[1:-1]
     if m := _REG.match(token):
-        return Operand(m.group(1), int(m.group(2)), 1, neg=neg, abs=absolute, sext=sext, text=text)
+        return Operand(m.group(1), int(m.group(2)), 1, neg=neg, abs=absolute, sext=sext,
+                       text=text, half=m.group(3) or "")  # fmt: skip
     if m := _RANGE.match(token):
         lo, hi = int(m.group(2)), int(m.group(3))
         return Operand(m.group(1), lo, hi - lo + 1, neg=neg, abs=absolute, sext=sext, text=text)
+    if m := _TTMP.match(token):
+        return Operand("s", TTMP0 + int(m.group(1)), 1, text=text)
+    if token == "null":
+        return Operand("null", text=text)
     if token in SPECIAL_SGPRS:
         index, count = SPECIAL_SGPRS[token]
         return Operand("s", index, count, neg=neg, abs=absolute, sext=sext, text=text)
@@ -176,6 +192,16 @@ def parse_operand(token: str) -> Operand:
 
 
 def _parse_line(mnemonic: str, rest: str, address: int, words: tuple[int, ...]) -> Instruction:
+    rest = _MSB_NOTE.sub(lambda m: m.group(3) + (m.group(4) or m.group(2) or ""), rest)
+    if "::" in rest and mnemonic.startswith("v_dual_"):
+        first, second = rest.split("::", 1)
+        second_mnemonic, _, second_rest = second.strip().partition(" ")
+        parts = tuple(
+            _vopd_part("v_" + name[len("v_dual_") :], text, address, words)
+            for name, text in ((mnemonic, first), (second_mnemonic, second_rest))
+        )
+        return Instruction(address, 4 * len(words), "v_dual", (), {},
+                           f"{mnemonic} {rest}".strip(), words, parts)  # fmt: skip
     operands: list[Operand] = []
     modifiers: dict[str, str | None] = {}
     if mnemonic.startswith("s_waitcnt") and not mnemonic.startswith("s_waitcnt_"):
@@ -198,6 +224,8 @@ def _parse_line(mnemonic: str, rest: str, address: int, words: tuple[int, ...]) 
             modifiers[name] = value if value else None
         else:
             operands.append(parse_operand(token))
+    if "op_sel" in modifiers and any(o.half for o in operands):
+        _fold_true16_op_sel(operands, modifiers, f"{mnemonic} {rest}")
     if mnemonic.startswith("s_cbranch") or mnemonic == "s_branch":
         simm = operands[0].value if operands else 0
         simm = simm - 0x10000 if simm >= 0x8000 else simm
@@ -205,6 +233,31 @@ def _parse_line(mnemonic: str, rest: str, address: int, words: tuple[int, ...]) 
         operands = [Operand("label", value=target, text=hex(target))] + operands[1:]
     return Instruction(address, 4 * len(words), mnemonic, tuple(operands), modifiers,
                        f"{mnemonic} {rest}".strip(), words)  # fmt: skip
+
+
+def _fold_true16_op_sel(operands: list[Operand], modifiers: dict, text: str) -> None:
+    """With true16 operands llvm-objdump prints the halves twice: as v1.h and as op_sel bits
+    (sources first, the destination last). The halves are what the semantics read, so op_sel
+    goes once it is checked to say the same."""
+    bits = [int(b) for b in (modifiers["op_sel"] or "").strip("[]").split(",")]
+    sources = operands[1:]
+    if len(bits) != len(sources) + 1:
+        raise DecodeError(f"{text!r}: op_sel {bits} does not cover its {len(sources)} sources")
+    halves = [o.half == "h" for o in sources] + [operands[0].half == "h"]
+    if bits != [int(h) for h in halves]:
+        raise DecodeError(f"{text!r}: op_sel {bits} disagrees with the register halves")
+    del modifiers["op_sel"]
+
+
+def _vopd_part(mnemonic: str, rest: str, address: int, words: tuple[int, ...]) -> Instruction:
+    """One half of a VOPD pair. Its v_dual_cndmask_b32 selects by VCC without naming it (gfx12
+    ISA, "VOPD"): the condition is made explicit, as the VOP2 form prints it (vcc_lo)."""
+    part = _parse_line(mnemonic, rest, address, words)
+    if mnemonic == "v_cndmask_b32" and len(part.operands) == 3:
+        vcc = Operand("s", VCC, 1, text="vcc_lo")
+        part = Instruction(part.address, part.size, part.mnemonic, (*part.operands, vcc),
+                           part.modifiers, part.text, part.words)  # fmt: skip
+    return part
 
 
 def parse_disassembly(text: str, arch: str) -> Program:

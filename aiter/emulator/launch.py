@@ -14,13 +14,22 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from aiter.emulator.codeobject import CodeObject, Kernel, load_code_object
-from aiter.emulator.decode import Program, decode
+from aiter.emulator.decode import TTMP0, Program, decode
 from aiter.emulator.errors import EmulatorError, MissingWait, UnsupportedInstruction
 from aiter.emulator.memory import Memory
 from aiter.emulator.ops import Ctx
 from aiter.emulator.races import GlobalWrites, LdsTracker, Race, RaceLog
 from aiter.emulator.scheduler import Executor, run_workgroup
-from aiter.emulator.state import LANES, Pending, WaitHazard, Wave, WorkGroup, mask_to_bits
+from aiter.emulator.state import (
+    LANES,
+    VGPR_FILE,
+    Pending,
+    WaitHazard,
+    Wave,
+    WorkGroup,
+    isa_family,
+    mask_to_bits,
+)
 
 _CODE_OBJECTS: dict[bytes, CodeObject] = {}
 KERNARG_PAD = 256
@@ -92,8 +101,13 @@ def _user_sgprs(
     return values
 
 
-def _make_waves(kernel: Kernel, group_id: tuple, block: tuple, user: dict[int, int]) -> list[Wave]:
+def _make_waves(
+    kernel: Kernel, arch: str, group_id: tuple, block: tuple, user: dict[int, int]
+) -> list[Wave]:
     kd = kernel.descriptor
+    size, family = kernel.wavefront_size, isa_family(arch)
+    # gfx1250 addresses up to 1024 VGPRs per lane (s_set_vgpr_msb selects the upper ones).
+    vgprs = max(VGPR_FILE, kernel.vgpr_count, 1024 if family == "gfx12" else 0)
     threads = block[0] * block[1] * block[2]
     system = [g for g, on in zip(group_id, kd.workgroup_id_enabled, strict=True) if on]
     if kd.workgroup_info_enabled or kd.private_segment_enabled:
@@ -101,13 +115,21 @@ def _make_waves(kernel: Kernel, group_id: tuple, block: tuple, user: dict[int, i
             "(wave setup)", kernel.name, kernel.entry, "workgroup info / scratch wave offset SGPR"
         )
     waves = []
-    for index in range(-(-threads // LANES)):
-        wave = Wave(index, kernel.entry, kd.accum_offset)
+    for index in range(-(-threads // size)):
+        wave = Wave(index, kernel.entry, kd.accum_offset, size=size, vgprs=vgprs, family=family)
         for sgpr, value in user.items():
             wave.sgpr[sgpr] = value
         for k, value in enumerate(system):
             wave.sgpr[kd.user_sgpr_count + k] = value
-        flat = index * LANES + np.arange(LANES)
+        if family == "gfx12":
+            # gfx12's architected SGPRs: the work-group ID in ttmp9 (X) and ttmp7 (Y in bits
+            # 0-15, Z in 16-31); ttmp6 holds cluster IDs, all 0 outside a cluster launch
+            # (LLVM AMDGPUUsage, "Initial Kernel Execution State", GFX12).
+            wave.sgpr[TTMP0 + 9] = group_id[0]
+            wave.sgpr[TTMP0 + 7] = group_id[1] | group_id[2] << 16
+            wave.sgpr[TTMP0 + 6] = 0
+        lane = np.arange(LANES)
+        flat = index * size + lane
         x = flat % block[0]
         y = (flat // block[0]) % block[1]
         z = flat // (block[0] * block[1])
@@ -115,7 +137,7 @@ def _make_waves(kernel: Kernel, group_id: tuple, block: tuple, user: dict[int, i
         # gfx90a and later pack the work-item IDs into v0: X in bits 0-9, Y in 10-19, Z in
         # 20-29 (AMDGPUUsage, "VGPR Register Set Up Order for Kernels", packed work-item IDs).
         wave.vgpr[0] = (x | (y << 10) * (dims > 1) | (z << 20) * (dims > 2)).astype(np.uint32)
-        active = flat < threads
+        active = (flat < threads) & (lane < size)
         wave.exec = mask_to_bits(active)
         waves.append(wave)
     return waves
@@ -150,7 +172,7 @@ def launch(
         raise ValueError(f"races: expected 'raise', 'collect' or 'off', got {races!r}")
     co = _code_object(code_object)
     kernel = co.kernel(kernel_name)
-    if kernel.wavefront_size != LANES:
+    if (kernel.wavefront_size, isa_family(co.arch)) not in ((64, "gfx9"), (32, "gfx12")):
         raise UnsupportedInstruction(
             "(wave setup)", kernel.name, kernel.entry, f"wave{kernel.wavefront_size} ({co.arch})"
         )
@@ -188,7 +210,7 @@ def launch(
         group = WorkGroup(group_id, np.zeros(lds_bytes, np.uint8))
         if races != "off":
             group.lds_races = LdsTracker(lds_bytes, group_id, log)
-        group.waves = _make_waves(kernel, group_id, block, user)
+        group.waves = _make_waves(kernel, co.arch, group_id, block, user)
         stats.waves += len(group.waves)
         for wave in group.waves:
             wave.on_hazard = _hazard_reporter(stats, kernel, group, wave, program, strict_waits)

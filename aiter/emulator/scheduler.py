@@ -1,6 +1,7 @@
 """Runs the waves of one work-group to completion, interleaving them one instruction at a time
-in an order drawn from a seeded random.Random, with s_barrier holding each wave until every
-live wave of the group has arrived.
+in an order drawn from a seeded random.Random. A barrier (s_barrier, or gfx12's
+s_barrier_signal then s_barrier_wait) holds a waiting wave until every live wave of the group
+has signaled; ended waves no longer count toward it.
 """
 
 from __future__ import annotations
@@ -76,14 +77,14 @@ def run_workgroup(executor: Executor, ctx: Ctx, rng: random.Random, max_instruct
     live = [w for w in ctx.group.waves if not w.done]
     with np.errstate(all="ignore"):
         while live:
+            if ctx.group.signaled and ctx.group.complete_phase(live):
+                continue
             runnable = [w for w in live if not w.at_barrier]
             if not runnable:
-                # Every live wave waits at the barrier: release them all (ended waves no
-                # longer count toward it).
-                for w in live:
-                    w.at_barrier = False
-                ctx.group.epoch += 1
-                continue
+                raise EmulatorError(
+                    f"{executor.kernel_name} work-group {ctx.group.id}: every live wave waits "
+                    "at a barrier some live wave has not signaled (a deadlock on hardware)"
+                )
             wave = runnable[rng.randrange(len(runnable))] if len(runnable) > 1 else runnable[0]
             executor.step(ctx, wave)
             if wave.issued > max_instructions:

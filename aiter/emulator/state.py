@@ -45,11 +45,24 @@ def float_const_bits(value: float, ftype: str | None, words: int) -> int:
     return float_bits32(value)
 
 
+# The wait counter each kind of memory instruction counts on: gfx9 counts loads and stores on
+# vmcnt, LDS and scalar loads on lgkmcnt; gfx12 has a counter per kind (s_wait_loadcnt,
+# s_wait_storecnt, s_wait_dscnt, s_wait_kmcnt).
+COUNTERS = {
+    "gfx9": {"load": "vm", "store": "vm", "ds": "lgkm", "smem": "lgkm"},
+    "gfx12": {"load": "load", "store": "store", "ds": "ds", "smem": "km"},
+}
+
+
+def isa_family(arch: str) -> str:
+    return "gfx12" if arch.startswith("gfx12") else "gfx9"
+
+
 @dataclass
 class Pending:
     """Results of one memory instruction in flight: `apply` writes them to registers."""
 
-    counter: str  # "vm" or "lgkm"
+    counter: str  # its kind: "load", "store", "ds" or "smem" (COUNTERS maps it to a counter)
     vgprs: tuple[int, ...] = ()
     sgprs: tuple[int, ...] = ()
     apply: Callable[[], None] | None = None
@@ -77,12 +90,25 @@ class WaitHazard:
 
 
 class Wave:
-    """One wave64: its registers, its PC and the loads it has in flight."""
+    """One wave: its registers, its PC and the loads it has in flight. A wave32 (gfx12) keeps
+    the same 64-lane arrays with lanes 32..63 never enabled: EXEC's high half stays 0."""
 
-    def __init__(self, index: int, entry: int, accum_offset: int) -> None:
+    def __init__(
+        self,
+        index: int,
+        entry: int,
+        accum_offset: int,
+        *,
+        size: int = LANES,
+        vgprs: int = VGPR_FILE,
+        family: str = "gfx9",
+    ) -> None:
         self.index = index
+        self.size = size
+        self.lane_bits = MASK64 if size == 64 else MASK32
+        self.counters = COUNTERS[family]
         self.sgpr = np.zeros(SGPR_FILE, np.uint32)
-        self.vgpr = np.zeros((VGPR_FILE, LANES), np.uint32)
+        self.vgpr = np.zeros((vgprs, LANES), np.uint32)
         self.scc = 0
         self.pc = entry
         self.current = entry  # address of the instruction being executed
@@ -90,7 +116,9 @@ class Wave:
         self.done = False
         self.at_barrier = False
         self.issued = 0
-        self.queues: dict[str, deque[Pending]] = {"vm": deque(), "lgkm": deque()}
+        self.queues: dict[str, deque[Pending]] = {c: deque() for c in set(self.counters.values())}
+        self.signal_epoch: int | None = None  # the barrier phase this wave last signaled in
+        self.hwregs: dict[str, int] = {}  # s_setreg/s_getreg state the emulator does not model
         self.pending_v: dict[int, Pending] = {}
         self.pending_s: dict[int, Pending] = {}
         self.on_hazard: Callable[[str, Pending], None] | None = None
@@ -103,7 +131,7 @@ class Wave:
 
     @exec.setter
     def exec(self, value: int) -> None:
-        self.set_s64(EXEC, value)
+        self.set_s64(EXEC, value & self.lane_bits)
 
     def exec_mask(self) -> np.ndarray:
         return bits_to_mask(self.exec)
@@ -135,9 +163,13 @@ class Wave:
             return float_const_bits(op.value, ftype, words)
         if op.kind == "scc":
             return self.scc
+        if op.kind == "null":
+            return 0
         raise ValueError(f"operand {op.text!r} is not a scalar source")
 
     def write_scalar(self, op: Operand, value: int) -> None:
+        if op.kind == "null":
+            return
         if op.kind != "s":
             raise ValueError(f"operand {op.text!r} is not a scalar destination")
         if op.count == 1:
@@ -160,6 +192,8 @@ class Wave:
                 for r in range(row, row + words):
                     if r in self.pending_v:
                         self._hazard(f"v{r}", self.pending_v[r])
+            if op.half == "h":
+                return self.vgpr[row : row + words] >> np.uint32(16)
             return self.vgpr[row : row + words]
         if op.kind == "s" and words > 1:
             values = [self.s32(op.index + i) for i in range(words)]
@@ -172,10 +206,20 @@ class Wave:
 
     def write_vector(self, op: Operand, values: np.ndarray, mask: np.ndarray) -> None:
         """Write uint32 [words, 64] (or [64]) to the lanes of `mask`."""
+        if op.kind == "null":
+            return
         values = np.asarray(values)
         if values.ndim == 1:
             values = values[None, :]
         row = self.vrow(op)
+        if op.half:
+            # A true16 half: the other half of the register keeps its bits.
+            old = self.vgpr[row]
+            low = values[0] & np.uint32(0xFFFF)
+            merged = (old & np.uint32(0xFFFF0000)) | low
+            if op.half == "h":
+                merged = (old & np.uint32(0xFFFF)) | (low << np.uint32(16))
+            values = merged[None, :]
         if self.pending_v:
             for r in range(row, row + values.shape[0]):
                 if r in self.pending_v:
@@ -185,7 +229,7 @@ class Wave:
     # --- loads in flight -------------------------------------------------------------------
 
     def issue(self, pending: Pending) -> None:
-        self.queues[pending.counter].append(pending)
+        self.queues[self.counters[pending.counter]].append(pending)
         for r in pending.vgprs:
             self.pending_v[r] = pending
         for r in pending.sgprs:
@@ -215,5 +259,27 @@ class WorkGroup:
     id: tuple[int, int, int]
     lds: np.ndarray
     waves: list[Wave] = field(default_factory=list)
-    epoch: int = 0  # s_barrier releases so far
+    epoch: int = 0  # barrier phases completed so far
+    signaled: set[int] = field(default_factory=set)  # waves that signaled the current phase
+
+    def signal(self, wave: Wave) -> None:
+        """The wave arrives at the barrier (s_barrier, s_barrier_signal)."""
+        self.signaled.add(wave.index)
+        wave.signal_epoch = self.epoch
+
+    def wait(self, wave: Wave) -> None:
+        """The wave waits for the phase it signaled in to complete (s_barrier,
+        s_barrier_wait); it goes on at once if it already has."""
+        wave.at_barrier = wave.signal_epoch is not None and wave.signal_epoch == self.epoch
+
+    def complete_phase(self, live: list[Wave]) -> bool:
+        """End the phase when every live wave has signaled: its waiters go on."""
+        if not self.signaled or any(w.index not in self.signaled for w in live):
+            return False
+        self.signaled.clear()
+        self.epoch += 1
+        for w in live:
+            w.at_barrier = False
+        return True
+
     lds_races: LdsTracker | None = None

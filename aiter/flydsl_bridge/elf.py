@@ -97,12 +97,18 @@ def _objdump_candidates() -> list[str]:
     return unique
 
 
+def _features(arch: str) -> list[str]:
+    """gfx12 code uses 16-bit register halves (v0.l, v0.h): without real-true16 LLVM 22 cannot
+    decode its v_mov_b16 and prints .long words in their place."""
+    return ["--mattr=+real-true16"] if arch.startswith("gfx12") else []
+
+
 def _run_objdump(objdump: str, path: str, arch: str) -> str | None:
     """Disassembly by one llvm-objdump, or None when that LLVM does not know `arch` (older
     ones warn "not a recognized processor", fail to find the target, or abort)."""
     try:
         out = subprocess.run(
-            [objdump, "-d", "--triple=amdgcn-amd-amdhsa", f"--mcpu={arch}", path],
+            [objdump, "-d", "--triple=amdgcn-amd-amdhsa", f"--mcpu={arch}", *_features(arch), path],
             capture_output=True,
             text=True,
             timeout=120,

@@ -58,11 +58,12 @@ class CaseContext:
 
     @contextmanager
     def table(self, env_var: str, header: str, rows: list[str]) -> Iterator[Path]:
-        """The calls inside see a user tuned table of `rows` (its `{arch}` and `{cu}` filled)
-        through `env_var`, as a deployment installs one."""
+        """The calls inside see a user tuned table of `rows` (its `{arch}`, `{cu}` and `{mma}`,
+        the arch's MMA flavour, filled) through `env_var`, as a deployment installs one."""
         from aiter import device
 
-        text = "\n".join([header, *rows]).format(arch=self.arch, cu=device.cu_num()) + "\n"
+        fields = {"arch": self.arch, "cu": device.cu_num(), "mma": device.arch_info().mma}
+        text = "\n".join([header, *rows]).format(**fields) + "\n"
         with tempfile.TemporaryDirectory() as scratch:
             path = Path(scratch) / "tuned.csv"
             path.write_text(text)

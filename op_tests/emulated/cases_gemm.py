@@ -47,9 +47,13 @@ def a16w16_fp16_to_fp32(ctx: CaseContext) -> None:
 def a16w16_tuned_split_k_3(ctx: CaseContext) -> None:
     """A tuned row: 32x64x128 tiles over K = 160 (a K tail inside the tile), split-K 3 over 5
     k-blocks (splits of one and two k-blocks)."""
-    row = "{arch},{cu},20,130,160,1,torch.bfloat16,torch.bfloat16,flydsl,3,,flydsl_a16w16_mfma_32x64x128"
+    row = "{arch},{cu},20,130,160,1,torch.bfloat16,torch.bfloat16,flydsl,3,,flydsl_a16w16_{mma}_32x64x128"
     with ctx.table(BF16_TABLE, BF16_HEADER, [row]):
         _a16w16(ctx, 20, 130, 160, True, torch.bfloat16, torch.bfloat16)
+
+
+# The blockscale GEMMs have MFMA kernels only: gfx1250 serves them with torch.
+MFMA_ARCHS = ("gfx942", "gfx950")
 
 
 def _fp8(ctx: CaseContext, *shape: int) -> torch.Tensor:
@@ -99,17 +103,17 @@ def _blockscale(ctx: CaseContext, m: int, n: int, k: int, preshuffled: bool) -> 
                   tolerance(torch.bfloat16))  # fmt: skip
 
 
-@case("gemm")
+@case("gemm", MFMA_ARCHS)
 def a8w8_blockscale_tails(ctx: CaseContext) -> None:
     _blockscale(ctx, 33, 256, 384, preshuffled=False)
 
 
-@case("gemm")
+@case("gemm", MFMA_ARCHS)
 def a8w8_blockscale_small_m_long_k(ctx: CaseContext) -> None:
     _blockscale(ctx, 3, 128, 1024, preshuffled=False)
 
 
-@case("gemm")
+@case("gemm", MFMA_ARCHS)
 def a8w8_blockscale_bpreshuffle_tails(ctx: CaseContext) -> None:
     import aiter
 

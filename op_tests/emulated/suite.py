@@ -22,7 +22,7 @@ class Case:
     family: str
     name: str
     run: Callable[[CaseContext], None]
-    archs: tuple[str, ...] = ("gfx942", "gfx950")
+    archs: tuple[str, ...] = ("gfx942", "gfx950", "gfx1250")
 
     @property
     def id(self) -> str:
@@ -32,7 +32,7 @@ class Case:
 CASES: list[Case] = []
 
 
-def case(family: str, archs: tuple[str, ...] = ("gfx942", "gfx950")):
+def case(family: str, archs: tuple[str, ...] = ("gfx942", "gfx950", "gfx1250")):
     """Register a case of `family`, named after its function."""
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")

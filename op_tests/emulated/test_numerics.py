@@ -1,4 +1,4 @@
-"""The emulated numerics suite on gfx942 and gfx950: every case's outputs against its torch
+"""The emulated numerics suite on gfx942, gfx950 and gfx1250: every case's outputs against its torch
 reference, a sample of the default cache's listed kernels reached by small calls, and how much
 of the arch's default kernel cache they executed.
 
@@ -23,7 +23,7 @@ from op_tests.emulated.suite import FAMILIES, all_cases
 
 pytestmark = pytest.mark.slow
 
-ARCHS = ("gfx942", "gfx950")
+ARCHS = ("gfx942", "gfx950", "gfx1250")
 LISTED_SAMPLE = 1
 CASES = all_cases()
 # the builder's module of each suite family

@@ -17,7 +17,7 @@ from aiter.emulator.memory import Memory
 from aiter.emulator.ops import Ctx
 from aiter.emulator.races import LdsTracker, Race, RaceLog
 from aiter.emulator.scheduler import Executor, run_workgroup
-from aiter.emulator.state import MASK64, WaitHazard, Wave, WorkGroup
+from aiter.emulator.state import MASK64, WaitHazard, Wave, WorkGroup, isa_family
 
 ENTRY = 0x1000
 
@@ -52,13 +52,15 @@ def run(
     races: str = "raise",
 ) -> Run:
     """Execute `lines` (ending in s_endpgm) on `waves` waves of one work-group; `setup(wave)`
-    fills registers first. EXEC starts all ones."""
+    fills registers first. EXEC starts all ones (32 lanes on gfx1250, 64 elsewhere)."""
+    family = isa_family(arch)
+    size = 32 if family == "gfx12" else 64
     program = parse_disassembly(program_text(lines), arch)
     kd = KernelDescriptor(lds_bytes, 0, 0, 0, 0, 0, 0, 0, 0)
     kernel = Kernel(
         name="test_kernel", arch=arch, descriptor=kd, entry=ENTRY,
         end=ENTRY + 4 * len(lines), args=(), kernarg_segment_size=0,
-        group_segment_fixed_size=lds_bytes, private_segment_fixed_size=0, wavefront_size=64,
+        group_segment_fixed_size=lds_bytes, private_segment_fixed_size=0, wavefront_size=size,
         sgpr_count=0, vgpr_count=0, agpr_count=0, max_flat_workgroup_size=1024, metadata={},
     )  # fmt: skip
     memory = memory or Memory()
@@ -70,7 +72,7 @@ def run(
         group.lds[: lds_init.size] = lds_init
     hazards: list[WaitHazard] = []
     for index in range(waves):
-        wave = Wave(index, ENTRY, 256)
+        wave = Wave(index, ENTRY, 256, size=size, vgprs=1024, family=family)
         wave.exec = MASK64
         if setup is not None:
             setup(wave)
@@ -103,3 +105,11 @@ def buffer_descriptor(wave: Wave, first_sgpr: int, base: int, num_records: int) 
     wave.sgpr[first_sgpr + 1] = (base >> 32) & 0xFFFF
     wave.sgpr[first_sgpr + 2] = num_records
     wave.sgpr[first_sgpr + 3] = 0x27000
+
+
+def buffer_descriptor_gfx1250(wave: Wave, first_sgpr: int, base: int, num_records: int) -> None:
+    """A raw V# as LLVM lowers make.buffer.rsrc for gfx1250: a 57-bit base, a 45-bit
+    num_records from bit 57, stride 0."""
+    value = (base & ((1 << 57) - 1)) | num_records << 57
+    for k in range(4):
+        wave.sgpr[first_sgpr + k] = (value >> (32 * k)) & 0xFFFFFFFF

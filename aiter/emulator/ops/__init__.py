@@ -9,12 +9,14 @@ from aiter.emulator.ops import (  # noqa: F401
     crosslane,
     division,
     flow,
+    gfx12,
     lds,
     mfma,
     scalar,
     smem,
     vector,
     vmem,
+    wmma,
 )
 from aiter.emulator.ops.registry import OPS, Ctx, Op, lookup, op
 from aiter.emulator.ops.sdwa import register_sdwa

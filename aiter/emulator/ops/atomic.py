@@ -107,10 +107,11 @@ def _atomic(nbytes: int, fn: Update | None, compare: bool = False):
     dwords = nbytes // 4
 
     def run(ctx: Ctx, w: Wave, i: Instruction) -> None:
-        returns = i.has("sc0") or i.has("glc")
+        # gfx9 returns the old value with sc0 (glc); gfx12 with th:TH_ATOMIC_RETURN.
+        returns = i.has("sc0") or i.has("glc") or "RETURN" in (i.mod("th") or "")
         first = 1 if returns else 0
         mask = w.exec_mask()
-        addresses = global_addresses(w, i, first, first + 2)[mask]
+        addresses = global_addresses(w, i, first, first + 2, nbytes)[mask]
         raw = w.read_vector(i.operands[first + 1], 2 * dwords if compare else dwords)
         data = _words(raw[:dwords], nbytes)[mask]
         cmp = _words(raw[dwords:], nbytes)[mask] if compare else None
@@ -131,7 +132,7 @@ def _atomic(nbytes: int, fn: Update | None, compare: bool = False):
             addresses.size * nbytes
         )
         if not returns:
-            w.issue(Pending("vm", pc=i.address))
+            w.issue(Pending("store", pc=i.address))
             return
         values = np.zeros(LANES, dtype)
         values[mask] = old_all
@@ -141,12 +142,12 @@ def _atomic(nbytes: int, fn: Update | None, compare: bool = False):
         def land() -> None:
             np.copyto(w.vgpr[row : row + dwords], words, where=mask)
 
-        w.issue(Pending("vm", vgprs=tuple(range(row, row + dwords)), apply=land, pc=i.address))
+        w.issue(Pending("load", vgprs=tuple(range(row, row + dwords)), apply=land, pc=i.address))
 
     return run
 
 
-_MODS = ("offset", "sc0", "sc1", "nt", "glc", "slc")
+_MODS = ("offset", "scale_offset", "sc0", "sc1", "nt", "glc", "slc")
 for _name, (_n, _fn) in _ATOMICS.items():
     op(f"global_atomic_{_name}", mods=_MODS)(_atomic(_n, _fn))
 op("global_atomic_cmpswap", mods=_MODS)(_atomic(4, None, compare=True))

@@ -60,7 +60,28 @@ def _endpgm(ctx: Ctx, w: Wave, i: Instruction) -> None:
 @op("s_barrier")
 def _barrier(ctx: Ctx, w: Wave, i: Instruction) -> None:
     # The scheduler releases the wave when every live wave of the group has arrived.
-    w.at_barrier = True
+    ctx.group.signal(w)
+    ctx.group.wait(w)
+
+
+# gfx12 splits the barrier: a wave signals, may go on working, and waits later. The operand
+# names the barrier; -1 is the work-group's own, the only one the kernels here use.
+@op("s_barrier_signal")
+def _barrier_signal(ctx: Ctx, w: Wave, i: Instruction) -> None:
+    _own_barrier(i)
+    ctx.group.signal(w)
+
+
+@op("s_barrier_wait")
+def _barrier_wait(ctx: Ctx, w: Wave, i: Instruction) -> None:
+    _own_barrier(i)
+    ctx.group.wait(w)
+
+
+def _own_barrier(i: Instruction) -> None:
+    barrier = int(i.operands[0].value) if i.operands else -1
+    if barrier not in (-1, 0xFFFF):
+        raise ValueError(f"named barrier {barrier}: only the work-group barrier (-1) is modelled")
 
 
 # gfx9 encodes "no wait" as the counter's maximum (CDNA3 ISA, S_WAITCNT).

@@ -56,7 +56,7 @@ def _base(w: Wave, i: Instruction) -> np.ndarray:
 
 
 def _is_read(i: Instruction) -> bool:
-    return i.mnemonic.startswith("ds_read") or i.mnemonic.startswith(("ds_swizzle", "ds_bpermute"))
+    return i.mnemonic.startswith(("ds_read", "ds_load", "ds_swizzle", "ds_bpermute"))
 
 
 def _pending(w: Wave, i: Instruction, values: np.ndarray, mask: np.ndarray, half=None) -> None:
@@ -76,7 +76,7 @@ def _pending(w: Wave, i: Instruction, values: np.ndarray, mask: np.ndarray, half
         np.copyto(w.vgpr[row], new, where=mask)
 
     rows = tuple(range(row, row + values.shape[0]))
-    w.issue(Pending("lgkm", vgprs=rows, apply=apply, pc=i.address))
+    w.issue(Pending("ds", vgprs=rows, apply=apply, pc=i.address))
 
 
 def _as_dwords(data: np.ndarray) -> np.ndarray:
@@ -114,7 +114,7 @@ def _write(nbytes: int, hi: bool = False):
         lds_write(ctx, addr[mask], data[mask], w, i.address)
         _banks(ctx, addr[mask], nbytes)
         # An LDS write counts toward lgkmcnt until it completes, like a read.
-        w.issue(Pending("lgkm", pc=i.address))
+        w.issue(Pending("ds", pc=i.address))
         _count(ctx, "lds_write_bytes", int(mask.sum()) * nbytes)
 
     return run
@@ -154,7 +154,7 @@ def _write2(nbytes: int, stride64: bool):
             addr = base + scale * i.mod_int(name)
             lds_write(ctx, addr[mask], data[mask], w, i.address)
             _banks(ctx, addr[mask], nbytes)
-        w.issue(Pending("lgkm", pc=i.address))
+        w.issue(Pending("ds", pc=i.address))
         _count(ctx, "lds_write_bytes", int(mask.sum()) * 2 * nbytes)
 
     return run

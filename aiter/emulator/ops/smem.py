@@ -13,10 +13,13 @@ from aiter.emulator.state import Pending, Wave
 _DWORDS = {"dword": 1, "dwordx2": 2, "dwordx4": 4, "dwordx8": 8, "dwordx16": 16}
 
 
-def _offset(w: Wave, i: Instruction) -> int:
-    """The byte offset: an immediate, an SGPR, or (gfx9 soffset form) an SGPR plus offset:."""
+def _offset(w: Wave, i: Instruction, dwords: int = 1) -> int:
+    """The byte offset: an immediate, an SGPR, or (gfx9 soffset form) an SGPR plus offset:;
+    gfx1250's scale_offset multiplies the SGPR by the bytes loaded."""
     off = i.operands[2]
     value = w.read_scalar(off) if off.kind == "s" else int(off.value)
+    if i.has("scale_offset"):
+        value *= 4 * dwords
     return value + i.mod_int("offset")
 
 
@@ -29,14 +32,14 @@ def _load(w: Wave, i: Instruction, address: int, dwords: int, ctx: Ctx) -> None:
     def land() -> None:
         w.sgpr[dst : dst + dwords] = data
 
-    w.issue(Pending("lgkm", sgprs=tuple(range(dst, dst + dwords)), apply=land, pc=i.address))
+    w.issue(Pending("smem", sgprs=tuple(range(dst, dst + dwords)), apply=land, pc=i.address))
     ctx.counts["smem_bytes"] = ctx.counts.get("smem_bytes", 0) + 4 * dwords
 
 
 def _s_load(dwords: int):
     def run(ctx: Ctx, w: Wave, i: Instruction) -> None:
         base = w.read_scalar(i.operands[1], 2)
-        _load(w, i, base + _offset(w, i), dwords, ctx)
+        _load(w, i, base + _offset(w, i, dwords), dwords, ctx)
 
     return run
 
@@ -59,7 +62,7 @@ def _s_buffer_load(dwords: int):
             def land() -> None:
                 w.sgpr[dst : dst + dwords] = data
 
-            w.issue(Pending("lgkm", sgprs=tuple(range(dst, dst + dwords)), apply=land))
+            w.issue(Pending("smem", sgprs=tuple(range(dst, dst + dwords)), apply=land))
             return
         _load(w, i, base + offset, dwords, ctx)
 

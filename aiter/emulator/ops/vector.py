@@ -11,7 +11,15 @@ import numpy as np
 
 from aiter.emulator.decode import Instruction
 from aiter.emulator.errors import UnsupportedInstruction
-from aiter.emulator.ops.numeric import fma_f32, op_sel, source, split, typed, words_of
+from aiter.emulator.ops.numeric import (
+    f32_to_bf16,
+    fma_f32,
+    op_sel,
+    source,
+    split,
+    typed,
+    words_of,
+)
 from aiter.emulator.ops.registry import Ctx, op
 from aiter.emulator.state import LANES, Wave, bits_to_mask, mask_to_bits
 
@@ -431,14 +439,16 @@ _FLOAT_CONDS = {
 
 def _compare(t: str, fn: Callable[[np.ndarray, np.ndarray], np.ndarray], to_exec: bool):
     """VOPC: sdst[lane] = fn(S0, S1) for active lanes, 0 for inactive ones; v_cmpx also writes
-    EXEC (CDNA3 ISA, "VOPC Instructions")."""
+    EXEC (CDNA3 ISA, "VOPC Instructions"). gfx12's v_cmpx has no sdst: it writes EXEC only."""
 
     def run(ctx: Ctx, w: Wave, i: Instruction) -> None:
         mask = w.exec_mask()
+        a, b = i.operands[-2:]
         with np.errstate(all="ignore"):
-            result = fn(source(w, i.operands[1], t), source(w, i.operands[2], t)) & mask
+            result = fn(source(w, a, t), source(w, b, t)) & mask
         bits = mask_to_bits(result)
-        w.write_scalar(i.operands[0], bits)
+        if len(i.operands) == 3:
+            w.write_scalar(i.operands[0], bits)
         if to_exec:
             w.exec = bits
 
@@ -594,7 +604,7 @@ op("v_pk_mul_f32", mods=_PK_MODS)(_pk_f32(np.multiply, 2))
 op("v_pk_fma_f32", mods=_PK_MODS)(_pk_f32(_fma32, 3))
 
 
-def _mix_sources(w: Wave, i: Instruction) -> list[np.ndarray]:
+def _mix_sources(w: Wave, i: Instruction, short: str = "f16") -> list[np.ndarray]:
     """The three f32 sources of a VOP3P mix instruction: source k is an f32 when op_sel_hi[k]
     is 0, else the f16 in its high (op_sel[k] = 1) or low half. A mix source takes VOP3's neg
     and abs (the disassembler prints them on the operand: -v1, |v1|, neg(0)); abs applies
@@ -604,8 +614,8 @@ def _mix_sources(w: Wave, i: Instruction) -> list[np.ndarray]:
     for k in range(3):
         operand = i.operands[1 + k]
         if sel_hi[k]:
-            raw = w.read_vector(operand, 1, "f16")
-            value = typed(raw, "f16", hi=bool(sel[k])).astype(np.float32)
+            raw = w.read_vector(operand, 1, short)
+            value = typed(raw, short, hi=bool(sel[k])).astype(np.float32)
         else:
             value = w.read_vector(operand, 1, "f32")[0].view(np.float32)
         if operand.abs:
@@ -614,13 +624,24 @@ def _mix_sources(w: Wave, i: Instruction) -> list[np.ndarray]:
     return values
 
 
-def _fma_mix(half: str | None):
+def _round_to_odd_f32(x: np.ndarray) -> np.ndarray:
+    """f64 -> f32 rounding to odd: truncate, then set the last bit when inexact, so that a
+    later rounding to a narrower format (bf16) rounds as the exact value would."""
+    f = x.astype(np.float32)
+    over = np.abs(f.astype(np.float64)) > np.abs(x)
+    f = np.where(over, np.nextafter(f, np.float32(0)), f).astype(np.float32)
+    inexact = (f.astype(np.float64) != x) & np.isfinite(x)
+    return np.where(inexact, (f.view(U32) | U32(1)).view(np.float32), f)
+
+
+def _fma_mix(half: str | None, short: str = "f16"):
     """v_fma_mix_f32 (half None): D.f32 = S0 * S1 + S2 rounded once. v_fma_mixlo_f16 /
     v_fma_mixhi_f16: the same sum rounded to f16 into the low / high half of D, the other half
-    kept. Clamp limits the result to [0, 1]."""
+    kept; the bf16 forms (gfx1250) take bf16 halves and round to bf16. Clamp limits the result
+    to [0, 1]."""
 
     def run(ctx: Ctx, w: Wave, i: Instruction) -> None:
-        a, b, c = _mix_sources(w, i)
+        a, b, c = _mix_sources(w, i, short)
         if half is None:
             out = fma_f32(a, b, c)
             if i.has("clamp"):
@@ -633,7 +654,10 @@ def _fma_mix(half: str | None):
         if i.has("clamp"):
             exact = np.clip(exact, 0.0, 1.0)
         with np.errstate(all="ignore"):
-            bits = exact.astype(np.float16).view(np.uint16).astype(U32)
+            if short == "bf16":
+                bits = f32_to_bf16(_round_to_odd_f32(exact))
+            else:
+                bits = exact.astype(np.float16).view(np.uint16).astype(U32)
         old = w.read_vector(i.operands[0], 1)[0]
         keep, shift = (U32(0xFFFF0000), U32(0)) if half == "lo" else (U32(0xFFFF), U32(16))
         out = (old & keep) | (bits << shift)
@@ -646,3 +670,5 @@ _MIX_MODS = ("op_sel", "op_sel_hi", "clamp")
 op("v_fma_mix_f32", mods=_MIX_MODS)(_fma_mix(None))
 op("v_fma_mixlo_f16", mods=_MIX_MODS)(_fma_mix("lo"))
 op("v_fma_mixhi_f16", mods=_MIX_MODS)(_fma_mix("hi"))
+op("v_fma_mixlo_bf16", mods=_MIX_MODS)(_fma_mix("lo", "bf16"))
+op("v_fma_mixhi_bf16", mods=_MIX_MODS)(_fma_mix("hi", "bf16"))
