@@ -15,6 +15,7 @@ from aiter.emulator.decode import Instruction
 from aiter.emulator.ops import atomic, lds, scalar, smem, vector, vmem  # noqa: F401  (renamed here)
 from aiter.emulator.ops.numeric import source, split, typed
 from aiter.emulator.ops.registry import OPS, Ctx, Op, op
+from aiter.emulator.ops.scalar import saveexec
 from aiter.emulator.ops.smem import _s_load
 from aiter.emulator.ops.vector import ieee_maximum, ieee_minimum, valu
 from aiter.emulator.state import LANES, MASK32, MASK64, Wave
@@ -132,24 +133,12 @@ op("s_wait_storecnt_dscnt")(_wait("store", "ds"))
 # --- SALU -----------------------------------------------------------------------------------
 
 
-def _saveexec32(fn):
-    """D = EXEC_LO; EXEC_LO = fn(S0, EXEC_LO); SCC = (EXEC_LO != 0) (wave32)."""
-
-    def run(ctx: Ctx, w: Wave, i: Instruction) -> None:
-        source32, old = w.read_scalar(i.operands[1]), w.exec & MASK32
-        w.exec = fn(source32, old) & MASK32
-        w.scc = int(w.exec != 0)
-        w.write_scalar(i.operands[0], old)
-
-    return run
-
-
-op("s_and_saveexec_b32")(_saveexec32(lambda s, e: s & e))
-op("s_or_saveexec_b32")(_saveexec32(lambda s, e: s | e))
-op("s_xor_saveexec_b32")(_saveexec32(lambda s, e: s ^ e))
-op("s_and_not1_saveexec_b32")(_saveexec32(lambda s, e: s & ~e))
-op("s_and_not0_saveexec_b32")(_saveexec32(lambda s, e: ~s & e))
-op("s_or_not1_saveexec_b32")(_saveexec32(lambda s, e: s | ~e))
+op("s_and_saveexec_b32")(saveexec(lambda s, e: s & e, 1))
+op("s_or_saveexec_b32")(saveexec(lambda s, e: s | e, 1))
+op("s_xor_saveexec_b32")(saveexec(lambda s, e: s ^ e, 1))
+op("s_and_not1_saveexec_b32")(saveexec(lambda s, e: s & ~e, 1))
+op("s_and_not0_saveexec_b32")(saveexec(lambda s, e: ~s & e, 1))
+op("s_or_not1_saveexec_b32")(saveexec(lambda s, e: s | ~e, 1))
 
 
 def _sop2_64(fn):

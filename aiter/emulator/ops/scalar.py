@@ -232,28 +232,32 @@ op("s_cmov_b32")(_cmov(1))
 op("s_cmov_b64")(_cmov(2))
 
 
-def _saveexec(fn: Callable[[int, int], int]) -> Callable[[Ctx, Wave, Instruction], None]:
-    """D = EXEC; EXEC = fn(S0, EXEC); SCC = (EXEC != 0)."""
+def saveexec(
+    fn: Callable[[int, int], int], words: int = 2
+) -> Callable[[Ctx, Wave, Instruction], None]:
+    """D = EXEC; EXEC = fn(S0, EXEC); SCC = (EXEC != 0). words 1: the wave32 forms (_b32) on
+    EXEC_LO."""
+    mask = MASK64 if words == 2 else MASK32
 
     def run(ctx: Ctx, w: Wave, i: Instruction) -> None:
-        source, old = _src(w, i, 1, 2), w.exec
-        w.exec = fn(source, old) & MASK64
+        source, old = _src(w, i, 1, words), w.exec & mask
+        w.exec = fn(source, old) & mask
         w.scc = int(w.exec != 0)
         w.write_scalar(i.operands[0], old)
 
     return run
 
 
-op("s_and_saveexec_b64")(_saveexec(lambda s, e: s & e))
-op("s_or_saveexec_b64")(_saveexec(lambda s, e: s | e))
-op("s_xor_saveexec_b64")(_saveexec(lambda s, e: s ^ e))
-op("s_andn2_saveexec_b64")(_saveexec(lambda s, e: s & ~e))
-op("s_orn2_saveexec_b64")(_saveexec(lambda s, e: s | ~e))
-op("s_nand_saveexec_b64")(_saveexec(lambda s, e: ~(s & e)))
-op("s_nor_saveexec_b64")(_saveexec(lambda s, e: ~(s | e)))
-op("s_xnor_saveexec_b64")(_saveexec(lambda s, e: ~(s ^ e)))
-op("s_andn1_saveexec_b64")(_saveexec(lambda s, e: ~s & e))
-op("s_orn1_saveexec_b64")(_saveexec(lambda s, e: ~s | e))
+op("s_and_saveexec_b64")(saveexec(lambda s, e: s & e))
+op("s_or_saveexec_b64")(saveexec(lambda s, e: s | e))
+op("s_xor_saveexec_b64")(saveexec(lambda s, e: s ^ e))
+op("s_andn2_saveexec_b64")(saveexec(lambda s, e: s & ~e))
+op("s_orn2_saveexec_b64")(saveexec(lambda s, e: s | ~e))
+op("s_nand_saveexec_b64")(saveexec(lambda s, e: ~(s & e)))
+op("s_nor_saveexec_b64")(saveexec(lambda s, e: ~(s | e)))
+op("s_xnor_saveexec_b64")(saveexec(lambda s, e: ~(s ^ e)))
+op("s_andn1_saveexec_b64")(saveexec(lambda s, e: ~s & e))
+op("s_orn1_saveexec_b64")(saveexec(lambda s, e: ~s | e))
 
 
 @op("s_getpc_b64")
