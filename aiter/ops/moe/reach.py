@@ -208,29 +208,29 @@ def stage1(ctx: CaseContext, params: dict[str, str]) -> None:
     if _is_fp8(params["a"]) != quant:
         raise Unreachable(f"a={params['a']} with quant={quant}")
     ksplit = int(params["ksplit"])
-    has_bias = as_bool(params["has_bias"])
     if ksplit > 1:
         dtype = torch.bfloat16 if quant else getattr(torch, params["a"])
     else:
         dtype = getattr(torch, params["out"])
-    call = MoeCall(
-        dtype, quant, int(params["tile_m"]), ksplit,
-        stage1=(int(params["tile_n"]), int(params["tile_k"])),
-        activation=_bias_activation(has_bias, params["activation"]),
-        gate_mode=params["gate_mode"], bias1=has_bias, doweight=as_bool(params["doweight"]),
-    )  # fmt: skip
+    call = MoeCall(dtype, quant, int(params["tile_m"]), ksplit,
+                   stage1=(int(params["tile_n"]), int(params["tile_k"])),
+                   **_stage1_options(params))  # fmt: skip
     run_call(ctx, call)
+
+
+def _stage1_options(params: dict[str, str]) -> dict:
+    """The activation, gate, bias and weighting a listed stage-1 kernel was compiled with."""
+    has_bias = as_bool(params["has_bias"])
+    return dict(activation=_bias_activation(has_bias, params["activation"]),
+                gate_mode=params["gate_mode"], bias1=has_bias,
+                doweight=as_bool(params["doweight"]))  # fmt: skip
 
 
 @reaches("moe_stage1_activation")
 def stage1_activation(ctx: CaseContext, params: dict[str, str]) -> None:
     """Launched after a stage-1 split: a row with ksplit 2 at the listed block size."""
-    has_bias = as_bool(params["has_bias"])
-    call = MoeCall(
-        getattr(torch, params["out"]), False, int(params["tile_m"]), ksplit=2,
-        activation=_bias_activation(has_bias, params["activation"]),
-        gate_mode=params["gate_mode"], bias1=has_bias, doweight=as_bool(params["doweight"]),
-    )  # fmt: skip
+    call = MoeCall(getattr(torch, params["out"]), False, int(params["tile_m"]), ksplit=2,
+                   **_stage1_options(params))  # fmt: skip
     run_call(ctx, call)
 
 
