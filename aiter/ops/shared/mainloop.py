@@ -87,11 +87,14 @@ class Pipeline:
     GEMM computes a tap address there), with `a_buffer` the buffer pointer they index.
     B: row-major [N, K] from the block's first row, or preshuffled ([N / 16, K / 16, 16, 16],
     b_shuffled). k_tail: K is not a multiple of the k-block, so chunks past K load zeros.
+    mx_format ("fp8" or "fp4"): the operands are MX elements as bytes (fp4: two per byte, K
+    counted in bytes), multiplied by gfx950's scaled MFMA, each lane's run one 32-element
+    block (mx.mx_run_chunk); the kernel's splits then own whole k-tiles.
     """
 
     def __init__(self, mma: str, tile_m: int, tile_n: int, tile_k: int, a, b, m, n, k, lds,
                  *, b_shuffled: bool = False, k_tail: bool = False, a_rows=None, a_chunk=None,
-                 a_buffer=None, b_buffer=None, b_rows_left=None):  # fmt: skip
+                 a_buffer=None, b_buffer=None, b_rows_left=None, mx_format=None):  # fmt: skip
         self.mma = mma
         self.dtype = a.dtype
         self.elem_bytes = element_bytes(a.dtype)
@@ -103,6 +106,11 @@ class Pipeline:
                        and get_rocm_arch().startswith("gfx95"))  # fmt: skip
         self.int8_k64 = gfx950_8bit and a.dtype == fx.Int8
         self.kb_per_mma = mx.k_blocks_per_mma(self.blocks, gfx950_8bit and not self.int8_k64)
+        self.mx_format = mx_format
+        if mx_format is not None:
+            # One 16x16x128 call: 32 bytes of fp8 per lane (two k-blocks), 16 of fp4 (one).
+            self.kb_per_mma = MX_K_BLOCKS_PER_CALL[mx_format]
+            self.int8_k64 = False
         self.cpr = mx.chunks_per_row(tile_k, self.elem_bytes)
         self.passes = mx.a_copy_passes(tile_m, tile_k, self.elem_bytes, mma)
         self.stage_chunks = mx.a_stage_chunks(tile_m, tile_k, self.elem_bytes)
@@ -182,12 +190,31 @@ def _a_operand(p: Pipeline, rep: int, kb: int):
     row = mx.operand_row(0, p.lane)
     vec = fx.Vector.make_type(mx.CHUNK_BYTES // p.elem_bytes, p.dtype)
     pieces = []
-    for block in range_constexpr(kb, kb + p.kb_per_mma):
-        for piece in range_constexpr(mx.operand_chunks(p.mma)):
-            chunk = mx.operand_chunk(block, p.lane, piece, p.mma)
-            byte = mx.a_lds_byte(row, chunk, p.cpr) + rep * mx.rep_stride_bytes(p.cpr)
-            pieces.append(fx.ptr_load(p.lds_a + byte // p.elem_bytes, result_type=vec))
+    for _, chunk in _run_chunks(p, kb):
+        byte = mx.a_lds_byte(row, chunk, p.cpr) + rep * mx.rep_stride_bytes(p.cpr)
+        pieces.append(fx.ptr_load(p.lds_a + byte // p.elem_bytes, result_type=vec))
     return _join(pieces, p.elem_bytes)
+
+
+def run_pieces(p: Pipeline) -> int:
+    """16-byte pieces of a lane's K run per MMA call (its LDS reads of A per call)."""
+    if const_expr(p.mx_format is not None):
+        return p.kb_per_mma
+    return mx.operand_chunks(p.mma) * p.kb_per_mma
+
+
+def _run_chunks(p: Pipeline, first: int):
+    """(k-block, chunk of the k-tile row) of each 16-byte piece of a lane's K run for the MMA
+    call at k-block `first`, in the run's order. An MX run is one scale block; it lies in the
+    call's k-blocks, which the kernel's k-tile-aligned splits load or skip together."""
+    if const_expr(p.mx_format is not None):
+        return [(first, mx.mx_run_chunk(first, p.lane, piece, p.kb_per_mma))
+                for piece in range_constexpr(p.kb_per_mma)]  # fmt: skip
+    return [
+        (block, mx.operand_chunk(block, p.lane, piece, p.mma))
+        for block in range_constexpr(first, first + p.kb_per_mma)
+        for piece in range_constexpr(mx.operand_chunks(p.mma))
+    ]
 
 
 def _join(pieces, elem_bytes: int):
@@ -210,7 +237,8 @@ def _sub_vector(vec, start: int, length: int):
 
 
 def acc_dtype(p: Pipeline):
-    return fx.Int32 if const_expr(p.dtype == fx.Int8) else fx.Float32
+    """int8 accumulates exactly in i32; every other input (MX bytes included) in fp32."""
+    return fx.Int32 if const_expr(p.dtype == fx.Int8 and p.mx_format is None) else fx.Float32
 
 
 def mma_16bit(p: Pipeline, a_run, b_run, acc):
@@ -283,6 +311,62 @@ def mma_8bit(p: Pipeline, a_run, b_run, acc):
     return acc
 
 
+# Microscaled (MX) operands: the scaled MFMA's format codes (cbsz for A, blgp for B) and the
+# k-blocks (64 bytes of a row) one 16x16x128 call consumes.
+MX_FORMAT_CODES = {"fp8": 0, "fp4": 4}
+MX_K_BLOCKS_PER_CALL = {"fp8": 2, "fp4": 1}
+
+
+def mma_mx(p: Pipeline, a_run, b_run, acc, a_scale, b_scale, byte: int):
+    """acc += one 16x16x128 scaled MFMA of MX runs: A and B elements in p.mx_format, each
+    lane's 32-element block times 2 ** (byte `byte` of its scale register - 127)."""
+    acc_ty = fx.Vector.make_type(4, fx.Float32)
+    fmt = MX_FORMAT_CODES[p.mx_format]
+    a, b = a_run.bitcast(fx.Int32), b_run.bitcast(fx.Int32)
+    operands = [a, b, acc, fmt, fmt, byte, a_scale, byte, b_scale]
+    return fx.Vector(rocdl.mfma_scale_f32_16x16x128_f8f6f4(acc_ty, operands))
+
+
+def mx_calls_per_k_tile(p: Pipeline) -> int:
+    return p.blocks // p.kb_per_mma
+
+
+def load_mx_scales(p: Pipeline, a_scales, b_scales, row_bytes, kb0, kb_end):
+    """This lane's E8M0 scales of the k-tile starting at k-block kb0 (a multiple of the
+    k-tile), one register per A repeat then per B repeat: the tile's calls' bytes, loaded as
+    one 1-, 2- or 4-byte load each. a_scales and b_scales are buffers of the shuffled scales
+    from the block's first row (rows past M or N read zeros), row_bytes bytes per row."""
+    calls = mx_calls_per_k_tile(p)
+    first_call = (kb0 // p.blocks) * calls
+    live = kb0 < kb_end
+    width = {1: fx.Uint8, 2: fx.Uint16, 4: fx.Int32}[calls]
+    regs = []
+    rows = [(a_scales, mx.operand_row(i, p.lane)) for i in range_constexpr(p.reps_m)]
+    rows += [(b_scales, p.b_row0 + mx.operand_row(j, p.lane)) for j in range_constexpr(p.reps_n)]
+    for buf, row in rows:
+        byte = mx.mx_scale_byte(row, first_call, p.lane, row_bytes)
+        byte = live.select(fx.Int32(byte), fx.Int32(mx.OUT_OF_RANGE))
+        raw = rocdl.raw_ptr_buffer_load(width.ir_type, rocdl.get_buffer_rsrc(buf), byte,
+                                        fx.Int32(0), 0)  # fmt: skip
+        regs.append(width(raw).to(fx.Int32))  # zero-extended: bytes past the calls are 0
+    return regs
+
+
+def mma_k_tile_mx(p: Pipeline, b_runs, accs, scales):
+    """Every scaled MFMA of one k-tile (scales from load_mx_scales), A from the LDS stage."""
+    accs = list(accs)
+    for call, kb in enumerate(mma_calls(p)):
+        for i in range_constexpr(p.reps_m):
+            a_run = _a_operand(p, i, kb)
+            for j in range_constexpr(p.reps_n):
+                t = i * p.reps_n + j
+                b_run = _b_operand(p, b_runs, j, kb)
+                b_scale = scales[p.reps_m + j]
+                accs[t] = mma_mx(p, a_run, b_run, accs[t], scales[i], b_scale, call)
+    interleave_operand_reads(p, p.reps_m, p.reps_n)
+    return accs
+
+
 def mma_calls(p: Pipeline):
     """The first k-block of each MMA call of a k-tile."""
     return range_constexpr(0, p.blocks, p.kb_per_mma)
@@ -303,7 +387,8 @@ def mma_instructions(p: Pipeline) -> int:
     if const_expr(p.mma == "wmma"):
         return 1
     if const_expr(p.elem_bytes == 1):
-        return 1 if const_expr(p.kb_per_mma == 2 or p.int8_k64) else 2
+        wide = p.kb_per_mma == 2 or p.int8_k64 or p.mx_format is not None
+        return 1 if const_expr(wide) else 2
     return 1 if const_expr(p.mma_k == 32) else 2
 
 
@@ -311,7 +396,7 @@ def interleave_operand_reads(p: Pipeline, reps_m: int, reps_n: int):
     """Scheduling hint: each A operand's LDS reads, then the MMAs that use it, in turn, for
     reps_m A repeats of a k-tile. The scheduler otherwise hoists every read of the k-tile
     ahead of the first MMA, which holds all their registers at once."""
-    reads = mx.operand_chunks(p.mma) * p.kb_per_mma
+    reads = run_pieces(p)
     for _ in range_constexpr(reps_m * len(mma_calls(p))):
         rocdl.sched_group_barrier(rocdl.mask_dsrd, reads, 0)
         rocdl.sched_group_barrier(rocdl.mask_mfma, reps_n * mma_instructions(p), 0)
@@ -443,17 +528,15 @@ def load_b_rows(p: Pipeline, rows, kb0, kb_end):
     for row, row_valid in rows:
         for first in mma_calls(p):
             pieces = []
-            for kb in range_constexpr(first, first + p.kb_per_mma):
+            for kb, chunk in _run_chunks(p, first):
                 valid = row_valid & (kb0 + kb < kb_end)
-                for piece in range_constexpr(mx.operand_chunks(p.mma)):
-                    chunk = mx.operand_chunk(kb, p.lane, piece, p.mma)
-                    kk = k0 + chunk * per_chunk
-                    if const_expr(p.b_shuffled):
-                        element = mx.shuffled_element(row, kk, p.k)
-                    else:
-                        element = row * p.k + kk
-                    chunk_valid = valid & (kk < p.k) if const_expr(p.k_tail) else valid
-                    pieces.append(load_chunk(p.b_buf, chunk_valid, element, p.dtype, p.elem_bytes))
+                kk = k0 + chunk * per_chunk
+                if const_expr(p.b_shuffled):
+                    element = mx.shuffled_element(row, kk, p.k)
+                else:
+                    element = row * p.k + kk
+                chunk_valid = valid & (kk < p.k) if const_expr(p.k_tail) else valid
+                pieces.append(load_chunk(p.b_buf, chunk_valid, element, p.dtype, p.elem_bytes))
             b_runs.append(_join(pieces, p.elem_bytes))
     return b_runs
 

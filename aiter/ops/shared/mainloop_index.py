@@ -193,6 +193,49 @@ def operand_chunk(kb, lane, piece: int, mma: str):
     return kb * chunks_per_k_block() + (lane // MMA_MN) * operand_chunks(mma) + piece
 
 
+def mx_run_chunk(first_kb, lane, piece: int, kb_per_mma: int):
+    """Chunk of the k-tile row holding piece `piece` of a lane's K run in the MMA call at
+    k-block first_kb, where the run must be one 32-element MX block (it shares one E8M0
+    scale): lane group g = lane // 16 takes the g-th run of kb_per_mma consecutive chunks
+    (fp4: one 16-byte chunk of 32 elements; fp8: two chunks of 16)."""
+    return first_kb * chunks_per_k_block() + (lane // MMA_MN) * kb_per_mma + piece
+
+
+# --- MX scales: one E8M0 byte per 32 elements of K, shuffled by MMA call ---------------------
+# A 16x16x128 scaled MFMA call c covers K elements [128 c, 128 c + 128): lane group g (lane //
+# 16) holds block 4 c + g and takes its scale from the lane's scale register, byte op_sel. The
+# shuffled layout stores a row's blocks in groups of 16 (four calls): byte 4 g + c % 4 of
+# group c // 4 holds block 4 c + g. A lane's scales for calls c0 .. c0 + n - 1 (n dividing 4,
+# c0 a multiple of n) are then n consecutive bytes: one load per k-tile, byte j for call j.
+MX_BLOCK = 32
+MX_BLOCKS_PER_CALL = 4
+MX_GROUP_BYTES = 16
+
+
+def mx_scale_groups(k_elems):
+    """Groups of 16 scale bytes per row of a K-element row (the last one padded)."""
+    blocks = k_elems // MX_BLOCK
+    return (blocks + MX_GROUP_BYTES - 1) // MX_GROUP_BYTES
+
+
+def mx_scale_byte(row, first_call, lane, row_bytes):
+    """Byte offset of the scale of lane group lane // 16 for MMA call first_call, in row
+    `row` of the shuffled scales of row_bytes bytes per row."""
+    group = first_call // MX_BLOCKS_PER_CALL
+    return (
+        row * row_bytes
+        + group * MX_GROUP_BYTES
+        + (lane // MMA_MN) * MX_BLOCKS_PER_CALL
+        + first_call % MX_BLOCKS_PER_CALL
+    )
+
+
+def mx_shuffled_position(block):
+    """(group, byte in the group) of scale block `block` of a row in the shuffled layout."""
+    call, lane_group = block // MX_BLOCKS_PER_CALL, block % MX_BLOCKS_PER_CALL
+    return call // MX_BLOCKS_PER_CALL, lane_group * MX_BLOCKS_PER_CALL + call % MX_BLOCKS_PER_CALL
+
+
 def b_global_element(row, chunk, k, k0, elem_bytes: int):
     """Element offset, from the wave's first B row, of a lane's 8-element (16-byte) piece."""
     return row * k + k0 + chunk * (CHUNK_BYTES // elem_bytes)

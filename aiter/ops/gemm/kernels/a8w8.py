@@ -1,6 +1,7 @@
 """FlyDSL kernels and launchers for C[M, N] = XQ[M, K] @ WQ[N, K]^T with fp8/int8 inputs, scaled
 per token and channel (preshuffled WQ) or per 128-block (DeepSeek-V3, WQ row-major or
-preshuffled), split-K in one launch.
+preshuffled), split-K in one launch. The same kernel serves the microscaled (MX) GEMMs, whose
+launchers are in mx.py.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from aiter.ops.shared.tiles import GemmTile, tile_grid
 
 A8W8Tile = GemmTile  # the a8w8 kernels take the same tiles
 K_BLOCK = mx.k_block(1)
+MX_ELEMENTS_PER_BYTE = {"fp8": 1, "fp4": 2}
 
 
 # Compiled, 256x64x256 and 256x128x256 (a 64 KiB A stage) spill 33 to 40 SGPRs into VGPR lanes
@@ -123,9 +125,19 @@ class Scales:
     Blockscale x scales are row-major [M, K / 128], or scale-block-major [K / 128, M]
     (x_k_major): there x_scale[row, sb] sits at sb * M + row, and the buffer runs from the
     block's first row to the end of the tensor (the launcher keeps its bytes below the
-    out-of-range offset)."""
+    out-of-range offset). MX: x_scale and w_scale are the shuffled E8M0 scales of A and B
+    (mx.mx_scale_byte), buffers from the block's first row and column."""
 
-    def __init__(self, p, x_scale, w_scale, num_sb, m, x_k_major: bool):
+    def __init__(self, p, x_scale, w_scale, num_sb, m, x_k_major: bool, mx_format: str = ""):
+        if const_expr(mx_format):
+            k_elems = p.k * MX_ELEMENTS_PER_BYTE[mx_format]
+            self.mx_row_bytes = mx.mx_scale_groups(k_elems) * mx.MX_GROUP_BYTES
+            self.mx_a = mainloop.buffer_rows(
+                fx.get_iter(x_scale), p.origin_m, p.rows_m, self.mx_row_bytes, 1, p.tile_m
+            )
+            self.mx_b = mainloop.buffer_rows(
+                fx.get_iter(w_scale), p.origin_n, p.rows_n, self.mx_row_bytes, 1, p.tile_n
+            )
         self.x_buf = fx.get_iter(x_scale) + fx.Int64(p.origin_m) * fx.Int64(num_sb)
         if const_expr(x_k_major):
             nbytes = fx.Int32((num_sb * m - p.origin_m) * 4)
@@ -193,9 +205,12 @@ def _block_w_scale(p, sc: Scales, sb):
                        result_type=fx.Float32)  # fmt: skip
 
 
-def _k_tile_scales(p, sc: Scales, sb, blockscale: bool):
-    """Blockscale: what this thread loads of scale block sb with its k-tile: its x_scale for
-    the LDS copy and the block's w scale; bpreshuffle: nothing."""
+def _k_tile_scales(p, sc: Scales, sb, kb, kb_end, blockscale: bool, mx_format: str):
+    """What this thread loads of the k-tile's scales (k-tile sb, first k-block kb) with the
+    k-tile: blockscale, its x_scale for the LDS copy and the block's w scale; MX, the lane's
+    E8M0 scale registers; bpreshuffle: nothing."""
+    if const_expr(mx_format):
+        return mainloop.load_mx_scales(p, sc.mx_a, sc.mx_b, sc.mx_row_bytes, kb, kb_end)
     if const_expr(not blockscale):
         return []
     return [_load_x_scale(p, sc, sb), _block_w_scale(p, sc, sb)]
@@ -203,7 +218,9 @@ def _k_tile_scales(p, sc: Scales, sb, blockscale: bool):
 
 def _k_tile(p, b_runs, accs, xs_lds, scales, blockscale: bool):
     """The MMAs of one k-tile; blockscale adds each A repeat's partial scaled by the x scales
-    staged in LDS with the k-tile and the lane's w scales."""
+    staged in LDS with the k-tile and the lane's w scales; MX scales each call's blocks."""
+    if const_expr(p.mx_format is not None):
+        return mainloop.mma_k_tile_mx(p, b_runs, accs, scales)
     if const_expr(not blockscale):
         return mainloop.mma_k_tile(p, b_runs, accs)
     w_scale = scales[1]
@@ -217,12 +234,36 @@ def _k_tile(p, b_runs, accs, xs_lds, scales, blockscale: bool):
     return accs
 
 
-def _row_tiles(p, accs, i: int, x_scales, w_scales):
-    """The fp32 tiles of A repeat i, scaled per token and channel when scales are given."""
+def _row_tiles(p, accs, i: int, x_scales, w_scales, biases):
+    """The fp32 tiles of A repeat i, scaled per token and channel when scales are given, plus
+    the bias when given."""
     tiles = [accs[i * p.reps_n + j] for j in range_constexpr(p.reps_n)]
     if const_expr(x_scales is not None):
         tiles = [tiles[j] * x_scales[i] * w_scales[j] for j in range_constexpr(p.reps_n)]
+    if const_expr(biases is not None):
+        tiles = [tiles[j] + biases[j] for j in range_constexpr(p.reps_n)]
     return tiles
+
+
+def _run_bias(p, bias, col):
+    """bias[col..col+4] in fp32 for a 4-column run of the reduction (zeros past N)."""
+    base = fx.get_iter(bias) + fx.Int64(p.origin_n)
+    values = [
+        mainloop.load_scalar(base, col + e < p.rows_n, col + e, bias.dtype).to(fx.Float32)
+        for e in range_constexpr(4)
+    ]
+    return fx.Vector.from_elements(values, fx.Float32)
+
+
+def _split_units(p, k, blockscale: bool, mx_format: str):
+    """(units, k-blocks per unit) the splits divide: blockscale, its 128-wide scale blocks (a
+    k-tile each); MX, whole k-tiles (K's tail is a k-tile loaded in part: each k-tile's
+    scales are one load); else k-blocks."""
+    if const_expr(mx_format):
+        return (k + p.tile_k - 1) // p.tile_k, p.blocks
+    if const_expr(blockscale):
+        return k // SCALE_BLOCK, K_BLOCKS_PER_SCALE_BLOCK
+    return k // K_BLOCK, 1
 
 
 def _run_scales(p, sc: Scales, row, col):
@@ -257,6 +298,7 @@ def gemm_a8w8_kernel(
     wq: fx.Tensor,
     x_scale: fx.Tensor,
     w_scale: fx.Tensor,
+    bias: fx.Tensor,
     out: fx.Tensor,
     workspace: fx.Tensor,
     semaphore: fx.Tensor,
@@ -270,6 +312,8 @@ def gemm_a8w8_kernel(
     blockscale: fx.Constexpr[bool],
     b_shuffled: fx.Constexpr[bool],
     x_k_major: fx.Constexpr[bool],
+    mx_format: fx.Constexpr[str],
+    has_bias: fx.Constexpr[bool],
     mma: fx.Constexpr[str],
 ):
     """One block computes a tile_m x tile_n tile of C over split block_idx.z's share of K,
@@ -280,6 +324,9 @@ def gemm_a8w8_kernel(
     x_scale[m, kb] * w_scale[n // 128, kb] as it is added (its scales loaded with the k-tile,
     one k-tile ahead), so split partials are scaled. b_shuffled: WQ preshuffled (else
     row-major); x_k_major: blockscale's x_scale laid out [K / 128, M] (else [M, K / 128]).
+    mx_format ("fp8", "fp4"; "" otherwise): XQ and WQ hold MX elements as bytes (K counted in
+    bytes, tile_k too), x_scale and w_scale their shuffled E8M0 scales, applied by the scaled
+    MFMA; split partials unscaled. has_bias: bias[n] (out's dtype) is added to the fp32 sum.
 
     Split-K hand-off for output tile T (semaphore slot T), split_k > 1:
     1. every thread stores its fp32 partials to workspace[split] and issues a release fence at
@@ -295,7 +342,8 @@ def gemm_a8w8_kernel(
     staged_bytes = mainloop.element_bytes(staged_dtype)
     allocator = fx.SharedAllocator()
     lds = mainloop.allocate_lds(allocator, tile_m, tile_n, tile_k, xq.dtype, 4, mma)
-    p = mainloop.Pipeline(mma, tile_m, tile_n, tile_k, xq, wq, m, n, k, lds, b_shuffled=b_shuffled)
+    p = mainloop.Pipeline(mma, tile_m, tile_n, tile_k, xq, wq, m, n, k, lds, b_shuffled=b_shuffled,
+                          k_tail=bool(mx_format), mx_format=mx_format or None)  # fmt: skip
     if const_expr(split_k > 1):
         # Allocated up front: LDS is static for the whole kernel.
         flag = allocator.allocate(fx.Int32)
@@ -305,10 +353,9 @@ def gemm_a8w8_kernel(
         slots = fx.Array[fx.Float32, mx.threads(mma), mx.CHUNK_BYTES]
         xs_lds = allocator.allocate(slots).peek().ptr
     num_sb = k // SCALE_BLOCK
-    sc = Scales(p, x_scale, w_scale, num_sb if const_expr(blockscale) else 1, m, x_k_major)
-    # Blockscale splits own whole scale blocks (one k-tile each).
-    units = num_sb if const_expr(blockscale) else k // K_BLOCK
-    unit_blocks = K_BLOCKS_PER_SCALE_BLOCK if const_expr(blockscale) else 1
+    sc = Scales(p, x_scale, w_scale, num_sb if const_expr(blockscale) else 1, m, x_k_major,
+                mx_format)  # fmt: skip
+    units, unit_blocks = _split_units(p, k, blockscale, mx_format)
     sb_begin, sb_end = mx.split_k_range(split, units, split_k)
     kb_begin = sb_begin * unit_blocks
     kb_end = sb_end * unit_blocks
@@ -316,7 +363,7 @@ def gemm_a8w8_kernel(
 
     accs = mainloop.zero_accs(p, fx.Float32 if const_expr(blockscale) else None)
     a_copy, b_next = mainloop.load_k_tile(p, kb_begin, kb_end)
-    scales_next = _k_tile_scales(p, sc, sb_begin, blockscale)
+    scales_next = _k_tile_scales(p, sc, sb_begin, kb_begin, kb_end, blockscale, mx_format)
     # Runtime loop; the reassigned values are carried across iterations.
     for t in range(fx.Int32(1), tiles, fx.Int32(1), unroll=1):
         b_cur = b_next
@@ -328,7 +375,8 @@ def gemm_a8w8_kernel(
         fx.barrier()
         a_copy, b_next = mainloop.load_k_tile(p, kb_begin + t * p.blocks, kb_end)
         rocdl.sched_barrier(0)  # the scales after the operands: the youngest loads in flight
-        scales_next = _k_tile_scales(p, sc, sb_begin + t, blockscale)
+        kb_next = kb_begin + t * p.blocks
+        scales_next = _k_tile_scales(p, sc, sb_begin + t, kb_next, kb_end, blockscale, mx_format)
         rocdl.sched_barrier(0)  # keep the next k-tile's loads ahead of this one's MMAs
         accs = _k_tile(p, b_cur, accs, xs_lds, scales_cur, blockscale)
     # The last k-tile (zeros when the split owns no k-block).
@@ -338,22 +386,25 @@ def gemm_a8w8_kernel(
         _store_x_scale(p, xs_lds, scales_next[0])
     fx.barrier()
     accs = _k_tile(p, b_next, accs, xs_lds, scales_next, blockscale)
-    if const_expr(xq.dtype == fx.Int8):
+    if const_expr(xq.dtype == fx.Int8 and not mx_format):
         accs = [acc.to(fx.Float32) for acc in accs]
 
     # Epilogue: 16 rows at a time through each wave's LDS staging area, stored as 16-byte runs
     # (C, or the fp32 partial of this split); runs crossing column N store element by element.
     x_scales = None
     w_scales = None
-    if const_expr(split_k == 1 and not blockscale):
+    biases = None
+    if const_expr(split_k == 1 and not blockscale and not mx_format):
         x_scales = _lane_x_scales(p, sc, 0)
         w_scales = _lane_w_scales(p, sc)
+    if const_expr(split_k == 1 and has_bias):
+        biases = mainloop.lane_bias(p, bias)
     out_lds = fx.recast_iter(staged_dtype, lds)
     dst = fx.get_iter(out) if const_expr(split_k == 1) else fx.get_iter(workspace)
     vec = mx.CHUNK_BYTES // staged_bytes
     fx.barrier()  # every wave is done reading the A stage the staging areas reuse
     for i in range_constexpr(p.reps_m):
-        row_tiles = _row_tiles(p, accs, i, x_scales, w_scales)
+        row_tiles = _row_tiles(p, accs, i, x_scales, w_scales, biases)
         mainloop.stage_out_rows(p, row_tiles, out_lds, staged_dtype)
         for values, row16, col, real in mainloop.staged_runs(p, out_lds, staged_dtype):
             row = p.origin_m + i * mx.MMA_MN + row16
@@ -400,9 +451,11 @@ def gemm_a8w8_kernel(
                     gcol = p.origin_n + rcol
                     if rreal & (grow < m) & (gcol < n):
                         total = _sum_partials(workspace, split_k, grow, gcol, m, n)
-                        if const_expr(not blockscale):
+                        if const_expr(not blockscale and not mx_format):
                             xsv, wsv = _run_scales(p, sc, rrow, rcol)
                             total = total * xsv * wsv
+                        if const_expr(has_bias):
+                            total = total + _run_bias(p, bias, rcol)
                         cast = total.to(out.dtype)
                         roff = mx.c_offset(fx.Int64(grow), fx.Int64(gcol), fx.Int64(n))
                         if gcol + 4 <= n:
@@ -420,11 +473,14 @@ def gemm_a8w8_kernel(
                 )
 
 
-def _launch(xq, wq, x_scale, w_scale, out, workspace, semaphore, m, n, k, tile_m, tile_n,
-            tile_k, split_k, blockscale, b_shuffled, x_k_major, mma, stream):  # fmt: skip
+def launch_kernel(xq, wq, x_scale, w_scale, bias, out, workspace, semaphore, m, n, k, tile_m,
+                  tile_n, tile_k, split_k, blockscale, b_shuffled, x_k_major, mx_format, has_bias,
+                  mma, stream):  # fmt: skip
+    """Launch gemm_a8w8_kernel over its grid (called inside a jit function)."""
     gemm_a8w8_kernel(
-        xq, wq, x_scale, w_scale, out, workspace, semaphore, m, n, k,
-        tile_m, tile_n, tile_k, split_k, blockscale, b_shuffled, x_k_major, mma,
+        xq, wq, x_scale, w_scale, bias, out, workspace, semaphore, m, n, k,
+        tile_m, tile_n, tile_k, split_k, blockscale, b_shuffled, x_k_major, mx_format, has_bias,
+        mma,
     ).launch(
         grid=mx.grid_size(m, n, tile_m, tile_n, split_k),
         block=(mx.threads(mma), 1, 1),
@@ -452,8 +508,8 @@ def gemm_a8w8_bpreshuffle(
     stream: fx.Stream = fx.Stream(None),
 ):
     _ = SHARED_HELPERS  # FlyDSL keys this kernel by the shared helpers' sources
-    _launch(xq, wq, x_scale, w_scale, out, workspace, semaphore, m, n, k,
-            tile_m, tile_n, tile_k, split_k, False, True, False, mma, stream)  # fmt: skip
+    launch_kernel(xq, wq, x_scale, w_scale, x_scale, out, workspace, semaphore, m, n, k,
+                  tile_m, tile_n, tile_k, split_k, False, True, False, "", False, mma, stream)  # fmt: skip
 
 
 @flyc.jit
@@ -476,8 +532,8 @@ def gemm_a8w8_blockscale(
     stream: fx.Stream = fx.Stream(None),
 ):
     _ = SHARED_HELPERS  # FlyDSL keys this kernel by the shared helpers' sources
-    _launch(xq, wq, x_scale, w_scale, out, workspace, semaphore, m, n, k,
-            tile_m, tile_n, tile_k, split_k, True, False, False, mma, stream)  # fmt: skip
+    launch_kernel(xq, wq, x_scale, w_scale, x_scale, out, workspace, semaphore, m, n, k,
+                  tile_m, tile_n, tile_k, split_k, True, False, False, "", False, mma, stream)  # fmt: skip
 
 
 @flyc.jit
@@ -500,8 +556,8 @@ def gemm_a8w8_blockscale_bpreshuffle(
     stream: fx.Stream = fx.Stream(None),
 ):
     _ = SHARED_HELPERS  # FlyDSL keys this kernel by the shared helpers' sources
-    _launch(xq, wq, x_scale, w_scale, out, workspace, semaphore, m, n, k,
-            tile_m, tile_n, tile_k, split_k, True, True, True, mma, stream)  # fmt: skip
+    launch_kernel(xq, wq, x_scale, w_scale, x_scale, out, workspace, semaphore, m, n, k,
+                  tile_m, tile_n, tile_k, split_k, True, True, True, "", False, mma, stream)  # fmt: skip
 
 
 # --- host launchers ------------------------------------------------------------------------
