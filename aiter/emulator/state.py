@@ -167,6 +167,11 @@ class Wave:
             return 0
         raise ValueError(f"operand {op.text!r} is not a scalar source")
 
+    def read_lane_mask(self, op: Operand) -> np.ndarray:
+        """A lane-mask source (a select condition, a carry-in): an SGPR pair on wave64, one
+        SGPR on wave32 (its VCC is vcc_lo), as bool per lane."""
+        return bits_to_mask(self.read_scalar(op, 2 if self.size == 64 else 1))
+
     def write_scalar(self, op: Operand, value: int) -> None:
         if op.kind == "null":
             return

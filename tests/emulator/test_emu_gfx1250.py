@@ -130,6 +130,30 @@ def test_vopd_cndmask_selects_by_vcc() -> None:
     assert g[3, :16].tolist() == [6] * 16 and g[3, 16:32].tolist() == [5] * 16
 
 
+def test_a_wave32_lane_mask_operand_is_one_sgpr() -> None:
+    """Rule: on wave32 the condition of v_cndmask_b32_e64 (and a carry-in) is one SGPR: s2
+    selects, s3 is not read (a load of s3 still in flight is no hazard). The fp8 attention's
+    combine kernel relies on it on gfx1250."""
+    memory = Memory()
+    base = memory.add(np.arange(4, dtype=U32), "data")
+
+    def setup(w):
+        w.vgpr[1], w.vgpr[2] = 5, 6
+        w.sgpr[2] = 0x0000FFFF  # lanes 0..15
+        w.sgpr[4], w.sgpr[5] = base & 0xFFFFFFFF, base >> 32
+
+    lines = [
+        "s_load_b32 s3, s[4:5], 0x0",
+        "v_cndmask_b32_e64 v3, v1, v2, s2",
+        "v_add_co_ci_u32_e64 v4, s6, v1, 0, s2",
+        "s_wait_kmcnt 0x0",
+    ]
+    r = _gfx1250(lines, memory=memory, setup=setup)
+    g = r.waves[0].vgpr
+    assert g[3, :16].tolist() == [6] * 16 and g[3, 16:32].tolist() == [5] * 16
+    assert g[4, :16].tolist() == [6] * 16 and g[4, 16:32].tolist() == [5] * 16
+
+
 @pytest.mark.parametrize("table, fn", [(0x40, np.bitwise_and), (0x54, np.bitwise_or),
                                        (0x14, np.bitwise_xor)])  # fmt: skip
 def test_bitop2_is_the_bitop3_table_with_its_third_input_zero(table, fn) -> None:

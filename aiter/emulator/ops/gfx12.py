@@ -261,8 +261,8 @@ def _bitop2(ctx: Ctx, w: Wave, i: Instruction) -> None:
 def _cndmask16(ctx: Ctx, w: Wave, i: Instruction) -> None:
     a = source(w, i.operands[1], "b16")
     b = source(w, i.operands[2], "b16")
-    cond = (np.uint64(w.read_scalar(i.operands[3], 2)) >> np.arange(LANES, dtype=U64)) & U64(1)
-    w.write_vector(i.operands[0], np.where(cond == 1, b, a).astype(U32), w.exec_mask())
+    cond = w.read_lane_mask(i.operands[3])
+    w.write_vector(i.operands[0], np.where(cond, b, a).astype(U32), w.exec_mask())
 
 
 @op("v_s_rcp_f32", mods=("clamp",))

@@ -21,7 +21,7 @@ from aiter.emulator.ops.numeric import (
     words_of,
 )
 from aiter.emulator.ops.registry import Ctx, op
-from aiter.emulator.state import LANES, Wave, bits_to_mask, mask_to_bits
+from aiter.emulator.state import LANES, Wave, mask_to_bits
 
 U32 = np.uint32
 _SIXTEEN = ("f16", "bf16", "u16", "i16", "b16")
@@ -331,7 +331,7 @@ def _cndmask(ctx: Ctx, w: Wave, i: Instruction) -> None:
     """D = VCC/SSRC[lane] ? S1 : S0 (abs/neg apply to the f32 view when present)."""
     a = source(w, i.operands[1], "f32" if i.operands[1].neg or i.operands[1].abs else "b32")
     b = source(w, i.operands[2], "f32" if i.operands[2].neg or i.operands[2].abs else "b32")
-    cond = bits_to_mask(w.read_scalar(i.operands[3], 2))
+    cond = w.read_lane_mask(i.operands[3])
     out = np.where(cond, np.asarray(b).view(U32), np.asarray(a).view(U32))
     w.write_vector(i.operands[0], out, w.exec_mask())
 
@@ -375,7 +375,7 @@ def _carry_op(name: str, fn: Callable[..., tuple[np.ndarray, np.ndarray]], carry
         mask = w.exec_mask()
         a = source(w, i.operands[2], "u32").astype(np.int64)
         b = source(w, i.operands[3], "u32").astype(np.int64)
-        cin = bits_to_mask(w.read_scalar(i.operands[4], 2)).astype(np.int64) if carry_in else 0
+        cin = w.read_lane_mask(i.operands[4]).astype(np.int64) if carry_in else 0
         value, carry = fn(a, b, cin)
         w.write_vector(i.operands[0], _u(value), mask)
         # Inactive lanes get 0 in the carry mask (CDNA3 ISA, "VOPC and VOP3b" carry-out rule).
