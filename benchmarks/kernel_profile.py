@@ -40,8 +40,8 @@ from compile_env import child_env  # noqa: E402
 from aiter.arch import ARCHS  # noqa: E402
 from aiter.flydsl_bridge import listing as isa  # noqa: E402
 
-GEMM_KERNELS = ("a16w16", "a8w8_bpreshuffle", "a8w8_blockscale", "moe_stage1", "moe_stage2",
-                "conv3d")  # fmt: skip
+GEMM_KERNELS = ("a16w16", "a8w8_bpreshuffle", "a8w8_blockscale", "mx_a4w4", "mx_fp8",
+                "moe_stage1", "moe_stage2", "conv3d")  # fmt: skip
 KERNELS = (*GEMM_KERNELS, "fmha_fp8", "chunk_gdn_h")
 MARK = "@@kernel_profile "  # prefix of the child's result lines (FlyDSL prints to stdout too)
 CHILD_TIMEOUT = 1800
@@ -53,6 +53,12 @@ CHILD_TIMEOUT = 1800
 A16W16_TILES = ((128, 128, 64), (64, 128, 32), (16, 64, 32), (256, 128, 64), (16, 64, 128))
 BPRESHUFFLE_TILES = ((128, 128, 128), (64, 128, 64), (16, 64, 256))
 BLOCKSCALE_TILES = ((128, 128, 128), (64, 128, 128))
+# The MX GEMMs (gfx950): tiles in K elements, beside the fp8 and bf16 tiles of the same shape
+# above (128x128, the 256-wide tiles and the decode tile the heuristic picks).
+MX_TILES = {
+    "mx_a4w4": ((128, 128, 256), (256, 256, 128), (256, 128, 256), (16, 64, 512)),
+    "mx_fp8": ((128, 128, 128), (256, 128, 128), (16, 64, 256)),
+}
 GEMM_MNK = (512, 512, 1024)
 MOE_SIZES = dict(m=256, model_dim=1024, inter=512, experts=8, topk=2)
 MOE_STAGE2_MODE = "atomic"  # a config's "mode" when it names none (the planner's default)
@@ -86,6 +92,12 @@ def default_configs(arch: str) -> list[dict]:
         dict(kernel="conv3d", tile=(64, 64, 2, 2, 1), dtype="bfloat16"),
         dict(kernel="conv3d", tile=(128, 128, 2, 2, 1), dtype="bfloat16"),
     ]
+    if arch == "gfx950":
+        configs += [
+            dict(kernel=kernel, tile=t, dtype="uint8" if kernel == "mx_a4w4" else fp8)
+            for kernel, tiles in MX_TILES.items()
+            for t in tiles
+        ]
     configs += [dict(kernel="fmha_fp8", tile=t, dtype=fp8) for t in FMHA_TILES]
     configs += [dict(kernel="chunk_gdn_h", tile=t, dtype="bfloat16") for t in GDN_TILES]
     return [dict(cfg, mma=mma, tile=list(cfg["tile"])) for cfg in configs]
@@ -118,9 +130,15 @@ def registry_configs(arch: str, tile_ks: set[int]) -> list[dict]:
 
 def not_built(arch: str) -> list[str]:
     """Kernels default_configs leaves out for `arch`, with the module's reason."""
-    if ARCHS[arch].mma == "mfma":
+    mx = f"mx_a4w4, mx_fp8: {arch} has no MX GEMM kernel (aiter.ops.gemm.kernels.mx)"
+    if arch == "gfx950":
         return []
-    return ["a8w8_blockscale: aiter.ops.gemm.kernels.a8w8 has no gfx1250 (WMMA) blockscale kernel"]
+    if ARCHS[arch].mma == "mfma":
+        return [mx]
+    return [
+        "a8w8_blockscale: aiter.ops.gemm.kernels.a8w8 has no gfx1250 (WMMA) blockscale kernel",
+        mx,
+    ]
 
 
 def config_label(cfg: dict) -> str:
@@ -132,7 +150,7 @@ def config_label(cfg: dict) -> str:
         shape = f"bm{tile[0]} d{tile[1]}x{tile[2]}"
     if cfg["kernel"] == "chunk_gdn_h":
         shape = f"k{tile[0]} bv{tile[1]}"
-    short = {"bfloat16": "bf16", "float16": "f16", "int8": "i8"}
+    short = {"bfloat16": "bf16", "float16": "f16", "int8": "i8", "uint8": "fp4"}
     mode = f" {cfg['mode']}" if cfg.get("mode", MOE_STAGE2_MODE) != MOE_STAGE2_MODE else ""
     return f"{shape} {short.get(cfg['dtype'], 'fp8')}{mode}"
 
@@ -257,10 +275,28 @@ def _launch_gdn(cfg: dict, dtype) -> None:
     )  # fmt: skip
 
 
+def _launch_mx(cfg: dict, dtype) -> None:
+    import torch
+
+    from aiter.ops.gemm.kernels import mx
+
+    fmt = "fp4" if cfg["kernel"] == "mx_a4w4" else "fp8"
+    m, n, k = GEMM_MNK
+    row = k // 2 if fmt == "fp4" else k
+    a, b = _empty(m, row, dtype=dtype), _empty(n, row, dtype=dtype)
+    scales = (_empty(*mx.mx_scale_shape(m, k), dtype=torch.uint8),
+              _empty(*mx.mx_scale_shape(n, k), dtype=torch.uint8))  # fmt: skip
+    out = _empty(m, n, dtype=torch.bfloat16)
+    mx.launch_gemm_mx(fmt, a, b, *scales, None, out, None, None, tile=mx.MXTile(*cfg["tile"]),
+                      split_k=1, mma=cfg["mma"])  # fmt: skip
+
+
 _LAUNCHERS = {
     "a16w16": _launch_a16w16,
     "a8w8_bpreshuffle": _launch_a8w8,
     "a8w8_blockscale": _launch_a8w8,
+    "mx_a4w4": _launch_mx,
+    "mx_fp8": _launch_mx,
     "moe_stage1": _launch_moe,
     "moe_stage2": _launch_moe,
     "conv3d": _launch_conv3d,

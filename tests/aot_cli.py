@@ -168,10 +168,22 @@ def serve_with_fallback(source: str, env: dict[str, str], cache: Path, work: Pat
 # --- property tests: random tables built with --csv, then served call by call ---
 
 
+def other_tables(*written) -> list:
+    """Every table of the AOT modules the `written` tables belong to, but those: what a test's
+    config directory must hold (empty) beside the tables it writes, since a module reads all of
+    its tables."""
+    from aiter.aot.flydsl import registry
+
+    modules = dict.fromkeys(spec.aot_module for spec in written)
+    tables = [t for m in modules for t in registry.load(registry.MODULES[m]).tables]
+    return [t for t in tables if t not in written]
+
+
 def write_header_only_tables(directory: Path, specs) -> None:
-    """Default tables of `specs` with a header and no row, so that only --csv adds rows."""
+    """Default tables of `specs` (and of the other tables of their modules) with a header and no
+    row, so that only --csv adds rows."""
     directory.mkdir(parents=True, exist_ok=True)
-    for spec in specs:
+    for spec in [*specs, *other_tables(*specs)]:
         (directory / spec.name).write_text(",".join(spec.header) + "\n")
 
 

@@ -39,9 +39,6 @@ UNSERVED_AITER_TABLES = {
     "batched_gemm_a8w8_blockscale_mxscale_tuned": (
         "aiter's batched MX-scaled blockscale GEMM; no family here serves batched GEMM"
     ),
-    "a4w4_blockscale_tuned_gemm": (
-        "aiter's fp4 (a4w4) blockscale GEMM; no family here serves 4-bit GEMMs yet"
-    ),
 }
 
 

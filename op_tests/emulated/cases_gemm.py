@@ -120,3 +120,63 @@ def a8w8_blockscale_bpreshuffle_tails(ctx: CaseContext) -> None:
     if "gemm_a8w8_blockscale_bpreshuffle" not in aiter._ENTRIES:
         raise NotImplementedError("aiter has no gemm_a8w8_blockscale_bpreshuffle")
     _blockscale(ctx, 33, 256, 384, preshuffled=True)
+
+
+# --- microscaled GEMMs: gfx950's scaled MFMA -------------------------------------------------
+MX_ARCHS = ("gfx950",)
+
+
+def _mx(ctx: CaseContext, fmt: str, m: int, n: int, k: int, bias: bool, rows=(), scales=None):
+    from aiter.ops.gemm.reach import mx_call
+
+    a, b = ctx.randn(m, k), ctx.randn(n, k)
+    if scales is not None:  # per row of A and of B, spreading the blocks' scales apart
+        a, b = a * scales[0][:, None], b * scales[1][:, None]
+    out, ref = mx_call(ctx, fmt, a, b, bias=bias, out_dtype=torch.bfloat16, rows=list(rows))
+    return out, ref
+
+
+@case("gemm", MX_ARCHS)
+def mxfp4_tails_bias(ctx: CaseContext) -> None:
+    """M, N off the tiles, K = 800 (25 MX blocks: a partial k-tile and a partial scale group),
+    a bias, and weight rows whose scales span 2^-20 .. 2^20."""
+    spread = 2.0 ** torch.linspace(-20, 20, 80)
+    out, ref = _mx(ctx, "fp4", 37, 80, 800, True, scales=(torch.ones(37), spread))
+    for col in (0, 40, 79):  # each column at its own magnitude
+        what = f"gemm_a4w4 37x80x800 column {col}"
+        ctx.check(what, out[:, col], ref[:, col], tolerance(torch.bfloat16))
+
+
+@case("gemm", MX_ARCHS)
+def mxfp8_tuned_split_k_3(ctx: CaseContext) -> None:
+    """A tuned row: 32x64x256 tiles, split-K 3 over K = 1056 (five k-tiles, the last partial:
+    splits of one and two k-tiles)."""
+    row = "20,48,1056,mxfp8,flydsl,0,3,,flydsl_a8w8_mxfp8_{mma}_32x64x256"
+    out, ref = _mx(ctx, "fp8", 20, 48, 1056, False, rows=[row])
+    ctx.check("gemm_mxfp8 20x48x1056 split 3", out, ref, tolerance(torch.bfloat16))
+
+
+@case("gemm", MX_ARCHS)
+def mxfp4_edge_scales(ctx: CaseContext) -> None:
+    """Rows of A at scales 2^-100 and 2^100 against columns of B at 2^100 and 2^-100: row 0
+    by columns 0..15 and row 1 by columns 16..31 are near 1 only if each block's scale
+    reaches its own lanes (the other pairs overflow or underflow, and are not compared); an
+    all-zero row of A; and a NaN in one block of A: that output row is NaN, the others not."""
+    m, n, k = 6, 32, 256
+    a, b = ctx.randn(m, k), ctx.randn(n, k)
+    a[0] *= 2.0**-100
+    a[1] *= 2.0**100
+    b[:16] *= 2.0**100
+    b[16:] *= 2.0**-100
+    a[2] = 0.0
+    a[3, 70] = float("nan")
+    from aiter.ops.gemm.reach import mx_call
+
+    out, ref = mx_call(ctx, "fp4", a, b, bias=False, out_dtype=torch.bfloat16)
+    nan_rows = out.float().isnan().any(dim=1)
+    ctx.check("gemm_a4w4 NaN rows", nan_rows.float(), torch.tensor([0, 0, 0, 1, 0, 0.0]), 0.0)
+    low, high = slice(0, 16), slice(16, 32)
+    pairs = [(0, low), (1, high)] + [(row, cols) for row in (2, 4, 5) for cols in (low, high)]
+    for row, cols in pairs:
+        what = f"gemm_a4w4 edge scales row {row} columns {cols.start}..{cols.stop - 1}"
+        ctx.check(what, out[row, cols], ref[row, cols], tolerance(torch.bfloat16))

@@ -14,12 +14,9 @@ import shutil
 import pytest
 
 from aiter.ops.gemm.table import (
-    A8W8_BLOCKSCALE,
-    A8W8_BLOCKSCALE_BPRESHUFFLE,
-    A8W8_BPRESHUFFLE,
     A16W16,
 )
-from tests.aot_cli import run_aot
+from tests.aot_cli import other_tables, run_aot
 
 MODULE = "aiter.aot.flydsl.gemm"
 ROW = "gfx942,304,32,256,512,0,torch.bfloat16,torch.bfloat16,flydsl,1,,flydsl_a16w16_mfma_32x64x128"
@@ -36,7 +33,7 @@ def test_execute_needs_check() -> None:
 def built(tmp_path_factory):
     tables = tmp_path_factory.mktemp("tables")
     (tables / A16W16.name).write_text(",".join(A16W16.header) + "\n" + ROW + "\n")
-    for spec in (A8W8_BPRESHUFFLE, A8W8_BLOCKSCALE, A8W8_BLOCKSCALE_BPRESHUFFLE):
+    for spec in other_tables(A16W16):
         (tables / spec.name).write_text(",".join(spec.header) + "\n")
     cache = tmp_path_factory.mktemp("cache")
     env = {"AITER_CONFIG_DIR": str(tables), "GPU_ARCHS": "gfx942"}

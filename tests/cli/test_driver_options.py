@@ -13,6 +13,7 @@ import pytest
 from aiter.aot.flydsl import gemm, registry
 from aiter.aot.flydsl.execution.options import UsageError, assign_csv, parse
 from aiter.ops.gemm.table import (
+    A4W4,
     A8W8_BLOCKSCALE,
     A8W8_BLOCKSCALE_BPRESHUFFLE,
     A8W8_BPRESHUFFLE,
@@ -208,11 +209,14 @@ MOE_HEADER = ("gfx", "cu_num", "token", "model_dim", "inter_dim", "expert", "top
         ("tuned_fhmoe.csv", MOE_HEADER, "aiter's fused heterogeneous MoE"),
         ("a8w8_tuned_batched_gemm.csv", BATCHED_HEADER, "no family here serves batched GEMM"),
         ("bf16_tuned_batched_gemm.csv", BATCHED_HEADER, "no family here serves batched GEMM"),
-        ("a4w4_blockscale_tuned_gemm.csv", A4W4_HEADER, "no family here serves 4-bit GEMMs"),
         # the columns of a table here do not make it one: the name says what it computes
-        ("kimik3_a4w4_blockscale_tuned_gemm.csv", A8W8_BLOCKSCALE.header, "4-bit GEMMs"),
+        (
+            "batched_gemm_a8w8_blockscale_mxscale_tuned.csv",
+            A8W8_BLOCKSCALE.header,
+            "no family here serves batched GEMM",
+        ),
     ],
-    ids=["grouped-fmoe", "fhmoe", "a8w8-batched", "bf16-batched", "a4w4", "a4w4-gemm-columns"],
+    ids=["grouped-fmoe", "fhmoe", "a8w8-batched", "bf16-batched", "mxscale-gemm-columns"],
 )
 def test_a_bare_path_of_an_aiter_table_no_family_serves_says_so(
     tmp_path, name, columns, reason
@@ -233,7 +237,9 @@ def test_aiter_names_of_tables_served_here_are_not_taken_for_unserved_ones(tmp_p
     preshuffled = _csv(
         tmp_path, A8W8_BLOCKSCALE.header, "glm5_a8w8_blockscale_bpreshuffle_tuned_gemm.csv"
     )
-    assert assign_csv(specs, [str(blockscale), str(preshuffled)]) == {
+    a4w4 = _csv(tmp_path, A4W4_HEADER, "kimik3_a4w4_blockscale_tuned_gemm.csv")
+    assert assign_csv(specs, [str(blockscale), str(preshuffled), str(a4w4)]) == {
         A8W8_BLOCKSCALE: [str(blockscale.resolve())],
         A8W8_BLOCKSCALE_BPRESHUFFLE: [str(preshuffled.resolve())],
+        A4W4: [str(a4w4.resolve())],
     }

@@ -14,12 +14,9 @@ import pytest
 from aiter.aot.flydsl.jobs.records import ArchReport
 from aiter.flydsl_bridge import manifest
 from aiter.ops.gemm.table import (
-    A8W8_BLOCKSCALE,
-    A8W8_BLOCKSCALE_BPRESHUFFLE,
-    A8W8_BPRESHUFFLE,
     A16W16,
 )
-from tests.aot_cli import REPO, lines_starting, read_report, run_aot
+from tests.aot_cli import REPO, lines_starting, other_tables, read_report, run_aot
 
 pytestmark = pytest.mark.slow  # builds a cache for two archs
 
@@ -42,7 +39,7 @@ def setup(tmp_path_factory):
     tables = tmp_path_factory.mktemp("tables")
     (tables / A16W16.name).write_text("\n".join([HEADER, *ROWS]) + "\n")
     # The other GEMM tables exist and are empty: this test is about the bf16 family.
-    for spec in (A8W8_BPRESHUFFLE, A8W8_BLOCKSCALE, A8W8_BLOCKSCALE_BPRESHUFFLE):
+    for spec in other_tables(A16W16):
         (tables / spec.name).write_text(",".join(spec.header) + "\n")
     env = {"AITER_CONFIG_DIR": str(tables), "GPU_ARCHS": "gfx942;gfx1250"}
     return env, tmp_path_factory.mktemp("cache")

@@ -25,14 +25,11 @@ from aiter import dispatch
 from aiter import flydsl_bridge as bridge
 from aiter.aot.flydsl.dry_run import dry_run
 from aiter.ops.gemm.table import (
-    A8W8_BLOCKSCALE,
     A8W8_BLOCKSCALE_BPRESHUFFLE,
-    A8W8_BPRESHUFFLE,
-    A16W16,
 )
 from aiter.ops.shared.preshuffle import shuffle_weight
 from aiter.tuning.spec import CONFIG_DIR
-from tests.aot_cli import REPO, lines_starting, read_report, run_aot
+from tests.aot_cli import REPO, lines_starting, other_tables, read_report, run_aot
 
 ARCH, CU_NUM = "gfx942", 304
 FP8 = torch.float8_e4m3fnuz  # gfx942's flavour
@@ -282,7 +279,7 @@ def test_torch_serves_a_torch_row_with_aiters_scale_layout(tmp_path, monkeypatch
 def tables(tmp_path_factory) -> Path:
     """AITER_CONFIG_DIR: the default table of this entry, the other GEMM tables empty."""
     directory = tmp_path_factory.mktemp("tables")
-    for spec in (A16W16, A8W8_BPRESHUFFLE, A8W8_BLOCKSCALE):
+    for spec in other_tables(A8W8_BLOCKSCALE_BPRESHUFFLE):
         (directory / spec.name).write_text(",".join(spec.header) + "\n")
     shutil.copy(CONFIG_DIR / A8W8_BLOCKSCALE_BPRESHUFFLE.name, directory)
     return directory

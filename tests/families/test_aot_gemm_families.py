@@ -22,7 +22,7 @@ from aiter.ops.gemm.table import (
     A8W8_BPRESHUFFLE,
     A16W16,
 )
-from tests.aot_cli import lines_starting, read_report, run_aot
+from tests.aot_cli import lines_starting, other_tables, read_report, run_aot
 
 pytestmark = pytest.mark.slow  # runs the command line, which replays and compiles
 
@@ -59,8 +59,10 @@ def write_tables(directory: Path, bpre=BPRE_ROWS, block=BLOCK_ROWS, bf16=BF16_RO
     (directory / A16W16.name).write_text("\n".join([BF16_HEADER, *bf16]) + "\n")
     (directory / A8W8_BPRESHUFFLE.name).write_text("\n".join([BPRE_HEADER, *bpre]) + "\n")
     (directory / A8W8_BLOCKSCALE.name).write_text("\n".join([BLOCK_HEADER, *block]) + "\n")
-    # Its own replay is tests/families/test_aot_gemm_blockscale_bpreshuffle.py.
-    (directory / A8W8_BLOCKSCALE_BPRESHUFFLE.name).write_text(BLOCK_HEADER + "\n")
+    # Their own replays: tests/families/test_aot_gemm_blockscale_bpreshuffle.py, the MX
+    # GEMMs' property test.
+    for spec in other_tables(A16W16, A8W8_BPRESHUFFLE, A8W8_BLOCKSCALE):
+        (directory / spec.name).write_text(",".join(spec.header) + "\n")
 
 
 def replay(env: dict[str, str], report: Path, *args: str):

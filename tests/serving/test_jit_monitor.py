@@ -37,12 +37,9 @@ from aiter.jit_monitor import (
     Settings,
 )
 from aiter.ops.gemm.table import (
-    A8W8_BLOCKSCALE,
-    A8W8_BLOCKSCALE_BPRESHUFFLE,
-    A8W8_BPRESHUFFLE,
     A16W16,
 )
-from tests.aot_cli import REPO, run_aot
+from tests.aot_cli import REPO, other_tables, run_aot
 
 MANAGER_KEY = "0123456789abcdef0123456789abcdef"
 GEMM_PARAMS = (
@@ -535,7 +532,7 @@ def built(tmp_path_factory):
     """A gfx942 cache of ROWS, built once by the AOT command line; tests serve from copies."""
     tables = tmp_path_factory.mktemp("tables")
     (tables / A16W16.name).write_text("\n".join([",".join(A16W16.header), *ROWS]) + "\n")
-    for spec in (A8W8_BPRESHUFFLE, A8W8_BLOCKSCALE, A8W8_BLOCKSCALE_BPRESHUFFLE):
+    for spec in other_tables(A16W16):
         (tables / spec.name).write_text(",".join(spec.header) + "\n")
     env = {"AITER_CONFIG_DIR": str(tables), "GPU_ARCHS": "gfx942"}
     cache = tmp_path_factory.mktemp("built") / "cache"

@@ -24,13 +24,10 @@ from aiter.ops.chunk_gdn_h.table import CHUNK_GDN_H
 from aiter.ops.conv3d.table import CONV3D
 from aiter.ops.fmha_fp8.table import FMHA_FP8
 from aiter.ops.gemm.table import (
-    A8W8_BLOCKSCALE,
-    A8W8_BLOCKSCALE_BPRESHUFFLE,
-    A8W8_BPRESHUFFLE,
     A16W16,
 )
 from aiter.ops.moe.table import FMOE
-from tests.aot_cli import REPO
+from tests.aot_cli import REPO, other_tables
 
 pytestmark = pytest.mark.slow  # builds a wheel (and its cache)
 
@@ -44,8 +41,7 @@ def wheel(tmp_path_factory):
     work = tmp_path_factory.mktemp("wheel")
     tables = work / "tables"
     tables.mkdir()
-    others = (A8W8_BPRESHUFFLE, A8W8_BLOCKSCALE, A8W8_BLOCKSCALE_BPRESHUFFLE)
-    for spec in (*others, FMOE, CONV3D, FMHA_FP8, CHUNK_GDN_H):
+    for spec in (*other_tables(A16W16), FMOE, CONV3D, FMHA_FP8, CHUNK_GDN_H):
         (tables / spec.name).write_text(",".join(spec.header) + "\n")
     (tables / A16W16.name).write_text(",".join(A16W16.header) + f"\n{ROW}\n")
     env = {**os.environ, "AITER_AOT": "1", "GPU_ARCHS": "gfx942", "AITER_CONFIG_DIR": str(tables)}

@@ -20,10 +20,12 @@ from aiter.aot.flydsl.jobs.axes import dims_along
 from aiter.aot.flydsl.jobs.family import Call, CapturedOp, Family
 from aiter.aot.flydsl.jobs.fixed_inputs import FixedInputs
 from aiter.ops.gemm.table import (
+    A4W4,
     A8W8_BLOCKSCALE,
     A8W8_BLOCKSCALE_BPRESHUFFLE,
     A8W8_BPRESHUFFLE,
     A16W16,
+    MXFP8,
 )
 from aiter.tuning import Row, TableSpec
 
@@ -117,11 +119,43 @@ def _a8w8_blockscale_bpreshuffle(row: Row, variant: Mapping[str, str]) -> Call:
     return call
 
 
+def _mx(fmt: str):
+    def caller(row: Row, variant: Mapping[str, str]) -> Call:
+        import torch
+
+        from aiter.ops.gemm import mx_entry
+
+        n, k = row.int("N"), row.int("K")
+        element = torch.float4_e2m1fn_x2 if fmt == "fp4" else torch.float8_e4m3fn
+        row_bytes = k // 2 if fmt == "fp4" else k
+        entry = mx_entry.gemm_a4w4 if fmt == "fp4" else mx_entry.gemm_mxfp8
+        scale = torch.float8_e8m0fnu
+        fixed = FixedInputs()  # the layer's weight, its scales and bias, kept across calls
+
+        def call(M: int) -> None:
+            out_dtype = _dtype(variant["out_dtype"])
+            bias = fixed.empty("bias", (n,), out_dtype) if variant["bias"] == "true" else None
+            entry(
+                _empty((M, row_bytes), element),
+                fixed.empty("B", (n, row_bytes), element),  # preshuffled: the plain shape
+                _empty(mx_entry.mx_scale_shape(M, k), scale),
+                fixed.empty("B_scale", mx_entry.mx_scale_shape(n, k), scale),
+                bias,
+                out_dtype=out_dtype,
+            )
+
+        return call
+
+    return caller
+
+
 _CALLERS = {
     A16W16: _a16w16,
     A8W8_BPRESHUFFLE: _a8w8_bpreshuffle,
     A8W8_BLOCKSCALE: _a8w8_blockscale,
     A8W8_BLOCKSCALE_BPRESHUFFLE: _a8w8_blockscale_bpreshuffle,
+    A4W4: _mx("fp4"),
+    MXFP8: _mx("fp8"),
 }
 
 
@@ -138,6 +172,12 @@ CAPTURED = {
     ),
     "gemm_a8w8_blockscale": CapturedOp(
         f"{_ENTRY}:gemm_a8w8_blockscale", dims_along("M", {"XQ": 0, "x_scale": 0})
+    ),
+    "gemm_a4w4": CapturedOp(
+        "aiter.ops.gemm.mx_entry:gemm_a4w4", dims_along("M", {"A": 0, "A_scale": 0})
+    ),
+    "gemm_mxfp8": CapturedOp(
+        "aiter.ops.gemm.mx_entry:gemm_mxfp8", dims_along("M", {"A": 0, "A_scale": 0})
     ),
     "gemm_a8w8_blockscale_bpreshuffle": CapturedOp(
         f"{_ENTRY}:gemm_a8w8_blockscale_bpreshuffle", dims_along("M", {"XQ": 0, "x_scale": 0})

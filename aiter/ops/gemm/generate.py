@@ -15,12 +15,15 @@ from pathlib import Path
 from aiter.arch import ARCHS, ArchInfo
 from aiter.ops.gemm.plan import KernelFamily
 from aiter.ops.gemm.table import (
+    A4W4,
     A8W8_BLOCKSCALE,
     A8W8_BLOCKSCALE_BPRESHUFFLE,
     A8W8_BPRESHUFFLE,
     A16W16,
     LIBTYPE_FLYDSL,
     LIBTYPE_TORCH,
+    MXFP8,
+    MXFP8_Q_DTYPE,
 )
 from aiter.tuning import TableSpec
 from aiter.tuning.scaling import scaled
@@ -52,15 +55,18 @@ class Model:
 LLAMA_3_1_8B = Model("Llama-3.1-8B", 4096, 14336, heads=32, kv_heads=8, head_dim=128)
 QWEN3_32B = Model("Qwen3-32B", 5120, 25600, heads=64, kv_heads=8, head_dim=128)
 LLAMA_3_1_70B = Model("Llama-3.1-70B", 8192, 28672, heads=64, kv_heads=8, head_dim=128)
+LLAMA_3_1_405B = Model("Llama-3.1-405B", 16384, 53248, heads=128, kv_heads=8, head_dim=128)
 
 
 def deepseek_v3_dense_shapes(tp: int = 8) -> dict[str, tuple[int, int]]:
     """(N, K) of DeepSeek-V3's dense linear layers at TP `tp`: MLA projections and the dense
     MLP of its first layers (hidden 7168, 128 heads, q_lora 1536, kv_lora 512, MLP 18432).
-    kv_a_proj_with_mqa (N = 576) is left out: N is not a multiple of the 128 scale block."""
+    kv_a_proj_with_mqa (N = 576) is not a multiple of the 128 scale block: the blockscale
+    tables leave it out (blockscale_shapes)."""
     hidden, heads, q_lora, kv_lora, intermediate = 7168, 128, 1536, 512, 18432
     qk_head, v_head, qk_nope = 192, 128, 128
     return {
+        "kv_a_proj_with_mqa": (kv_lora + 64, hidden),
         "q_a_proj": (q_lora, hidden),
         "q_b_proj": (heads * qk_head // tp, q_lora),
         "kv_b_proj": (heads * (qk_nope + v_head) // tp, kv_lora),
@@ -68,6 +74,11 @@ def deepseek_v3_dense_shapes(tp: int = 8) -> dict[str, tuple[int, int]]:
         "gate_up_proj": (2 * intermediate // tp, hidden),
         "down_proj": (hidden, intermediate // tp),
     }
+
+
+def blockscale_shapes(tp: int = 8) -> list[tuple[int, int]]:
+    """DeepSeek-V3's dense layers whose N and K are multiples of the 128 scale block."""
+    return [s for s in deepseek_v3_dense_shapes(tp).values() if s[0] % 128 == 0]
 
 
 def _unique(shapes: Iterable[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -91,14 +102,16 @@ class TableRecipe:
     dtype_cells: Callable[[ArchInfo], dict[str, str]]
     torch_shapes: tuple[tuple[int, int], ...]
     m_buckets: tuple[int, ...] = M_BUCKETS
+    only_archs: tuple[str, ...] | None = None  # the archs with kernels, where not every one
 
     @property
     def file(self) -> str:
         return self.spec.name
 
     def archs(self) -> list[ArchInfo]:
-        """The archs whose MMA flavour the family has kernels for."""
-        return [arch for arch in ARCHS.values() if arch.mma in self.family().tiles]
+        """The archs whose MMA flavour the family has kernels for (of only_archs, if set)."""
+        names = self.only_archs or tuple(ARCHS)
+        return [ARCHS[n] for n in names if ARCHS[n].mma in self.family().tiles]
 
 
 RECIPES = (
@@ -126,7 +139,7 @@ RECIPES = (
     TableRecipe(
         spec=A8W8_BLOCKSCALE,
         family=_kernels("BLOCKSCALE"),
-        shapes=_unique(deepseek_v3_dense_shapes(8).values()),
+        shapes=_unique(blockscale_shapes(8)),
         dtype_cells=lambda arch: {},
         torch_shapes=((128, 128),),
     ),
@@ -138,6 +151,27 @@ RECIPES = (
         dtype_cells=lambda arch: {},
         torch_shapes=(),
         m_buckets=(16, 128, 1024),
+    ),
+    # MXFP4 checkpoints: DeepSeek-R1's dense layers and Llama-3.1-405B, both at TP8; gfx950 only
+    # (gfx942 has no MX instructions, gfx1250 no MX kernel here yet).
+    TableRecipe(
+        spec=A4W4,
+        family=_kernels("A4W4"),
+        shapes=_unique(
+            [*deepseek_v3_dense_shapes(8).values(), *LLAMA_3_1_405B.linear_shapes(8).values()]
+        ),
+        dtype_cells=lambda arch: {},
+        torch_shapes=(),
+        only_archs=("gfx950",),
+    ),
+    # An MXFP8 deployment: Llama-3.1-70B at TP8.
+    TableRecipe(
+        spec=MXFP8,
+        family=_kernels("MXFP8"),
+        shapes=_unique(LLAMA_3_1_70B.linear_shapes(8).values()),
+        dtype_cells=lambda arch: {"q_dtype_w": MXFP8_Q_DTYPE},
+        torch_shapes=(),
+        only_archs=("gfx950",),
     ),
 )
 

@@ -32,6 +32,7 @@ from aiter.ops.gemm.kernels.a16w16 import K_MULTIPLE as A16W16_K_MULTIPLE
 from aiter.ops.gemm.kernels.a16w16 import N_MULTIPLE as A16W16_N_MULTIPLE
 from aiter.ops.gemm.kernels.a16w16 import SUPPORTED_TILES as A16W16_TILES
 from aiter.ops.gemm.kernels.a16w16 import tile_problem as a16w16_tile_problem
+from aiter.ops.gemm.kernels.mx import MX_K_MULTIPLE, MX_N_MULTIPLE, MX_TILES, mx_tile_problem
 from aiter.ops.gemm.table import LIBTYPE_FLYDSL, LIBTYPE_TORCH
 from aiter.ops.shared.gemm_index import REDUCE_BLOCK
 from aiter.ops.shared.mainloop_index import OFFSET_LIMIT
@@ -79,7 +80,9 @@ class KernelFamily:
     max_mn: int | None = None  # the largest M * N the kernels index; None: no limit
     # Why a tile the kernel is written for does not fit the arch (LDS, registers), or None.
     tile_problem: Callable[[Any, str], str | None] | None = None
-    elem_bytes: int = 2  # bytes of one input element: a block's rows x K must fit 32-bit offsets
+    # Bytes of one input element (0.5 for fp4): a block's rows x K must fit 32-bit offsets, and
+    # the heuristic's tile_k spans K_TILE_BYTES of a row.
+    elem_bytes: float = 2
     # Why the launcher refuses an (M, K) its other operands' layout cannot index, or None.
     operand_problem: Callable[[int, int], str | None] | None = None
 
@@ -254,6 +257,25 @@ BLOCKSCALE_BPRESHUFFLE = KernelFamily(
     tile_problem=blockscale_tile_problem,
     elem_bytes=1,
     operand_problem=k_major_x_scale_problem,
+)
+
+
+# The microscaled GEMMs (gfx950; the entries refuse other archs before planning).
+A4W4 = KernelFamily(
+    gemm_table.A4W4_KERNELS,
+    MX_TILES["fp4"],
+    MX_N_MULTIPLE,
+    MX_K_MULTIPLE["fp4"],
+    tile_problem=lambda tile, mma: mx_tile_problem(tile, "fp4", mma),
+    elem_bytes=0.5,
+)
+MXFP8 = KernelFamily(
+    gemm_table.MXFP8_KERNELS,
+    MX_TILES["fp8"],
+    MX_N_MULTIPLE,
+    MX_K_MULTIPLE["fp8"],
+    tile_problem=lambda tile, mma: mx_tile_problem(tile, "fp8", mma),
+    elem_bytes=1,
 )
 
 
@@ -435,7 +457,7 @@ def _row_choice(
     if row is None:
         return None, 0, None
     name, backend = row["kernelName"], row["libtype"]
-    if backend != LIBTYPE_FLYDSL:
+    if backend.split("_")[0] != LIBTYPE_FLYDSL:  # aiter's flydsl_mxfp8 rows are FlyDSL's too
         return None, 0, f"the row names aiter's {backend} kernel; this library's heuristic serves"
     if mma not in family.tiles:  # no flavour's names to check a name against
         return None, row.int("splitK"), None

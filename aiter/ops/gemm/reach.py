@@ -157,3 +157,63 @@ def _blockscale(ctx: CaseContext, params: dict[str, str], preshuffled: bool) -> 
             out = aiter.gemm_a8w8_blockscale(x, w, xs, ws, out_dtype)
     what = f"gemm_a8w8_blockscale{'_' + entry if entry else ''} {m}x{n}x{k} split {split_k}"
     ctx.check(what, out, blockscale_reference(x, w, xs, ws), tolerance(out_dtype))
+
+
+# --- the microscaled GEMMs (gfx950) ------------------------------------------------------------
+
+MX_TABLES = {
+    "fp4": ("AITER_CONFIG_GEMM_A4W4", "gfx,cu_num,M,N,K,libtype,kernelId,splitK,us,kernelName"),
+    "fp8": (
+        "AITER_CONFIG_GEMM_MXFP8",
+        "gfx,cu_num,M,N,K,q_dtype_w,libtype,kernelId,splitK,us,kernelName",
+    ),
+}
+
+
+def mx_call(ctx: CaseContext, fmt: str, a: torch.Tensor, b: torch.Tensor, *, bias: bool,
+            out_dtype: torch.dtype, rows: list[str] = ()) -> tuple[torch.Tensor, torch.Tensor]:  # fmt: skip
+    """(out, reference) of gemm_a4w4 (fmt "fp4") or gemm_mxfp8 ("fp8") of fp32 a [M, K] and
+    b [N, K], quantized by aiter's MX quantizers, the weight and the scales shuffled as a
+    caller does; `rows` (cells after "{arch},{cu},", the table's header) installed as a user
+    table. The reference multiplies the dequantized operands in fp32."""
+    import aiter
+
+    quantize = aiter.mxfp4_quantize if fmt == "fp4" else aiter.mxfp8_quantize
+    (aq, a_scale), (bq, b_scale) = quantize(a), quantize(b)
+    b_shuffled = aiter.shuffle_weight(bq.view(torch.uint8)).view(bq.dtype)
+    c = ctx.randn(b.shape[0], dtype=out_dtype) if bias else None
+    entry = aiter.gemm_a4w4 if fmt == "fp4" else aiter.gemm_mxfp8
+    env, header = MX_TABLES[fmt]
+    with ctx.table(env, header, [f"{{arch}},{{cu}},{cells}" for cells in rows]):
+        out = entry(aq, b_shuffled, aiter.shuffle_mx_scale(a_scale),
+                    aiter.shuffle_mx_scale(b_scale), c, out_dtype=out_dtype)  # fmt: skip
+    ref = aiter.mx_dequantize(aq, a_scale) @ aiter.mx_dequantize(bq, b_scale).T
+    return out, ref + (c.float() if bias else 0)
+
+
+def _mx_listed(ctx: CaseContext, params: dict[str, str], fmt: str) -> None:
+    from aiter.ops.gemm import plan
+    from aiter.ops.gemm.kernels.mx import MX_ELEMENTS_PER_BYTE
+
+    family = plan.A4W4 if fmt == "fp4" else plan.MXFP8
+    tile_m, tile_n = int(params["tile_m"]), int(params["tile_n"])
+    tile_k = int(params["tile_k_bytes"]) * MX_ELEMENTS_PER_BYTE[fmt]
+    split_k = int(params["split_k"])
+    m, n, k = tile_m + 1, (tile_n // 16 + 1) * 16, tile_k * split_k * 2
+    name = f"{family.prefix}_{params['mma']}_{tile_m}x{tile_n}x{tile_k}"
+    cells = "flydsl,0" if fmt == "fp4" else "mxfp8,flydsl,0"
+    row = f"{m},{n},{k},{cells},{split_k},,{name}"
+    out_dtype = _dtype(params["out"])
+    out, ref = mx_call(ctx, fmt, ctx.randn(m, k), ctx.randn(n, k),
+                       bias=as_bool(params["has_bias"]), out_dtype=out_dtype, rows=[row])  # fmt: skip
+    ctx.check(f"{family.prefix} {m}x{n}x{k} split {split_k}", out, ref, tolerance(out_dtype))
+
+
+@reaches("gemm_a4w4")
+def a4w4(ctx: CaseContext, params: dict[str, str]) -> None:
+    _mx_listed(ctx, params, "fp4")
+
+
+@reaches("gemm_mxfp8")
+def mxfp8(ctx: CaseContext, params: dict[str, str]) -> None:
+    _mx_listed(ctx, params, "fp8")

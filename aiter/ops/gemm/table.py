@@ -7,7 +7,9 @@ of a second, whether a cache is already complete. The entries derive their dtype
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 
+from aiter.arch import arch_of_legacy_row
 from aiter.ops.shared.gemm_index_8bit import SCALE_BLOCK
 from aiter.tuning import BucketAxis, Column, Row, TableSpec
 from aiter.tuning.foreign import AITER_LIBTYPES, FLYDSL, TORCH
@@ -31,6 +33,11 @@ A16W16_KERNELS = "flydsl_a16w16"
 BPRESHUFFLE_KERNELS = "flydsl_a8w8_bpreshuffle"
 BLOCKSCALE_KERNELS = "flydsl_a8w8_blockscale"
 BLOCKSCALE_BPRESHUFFLE_KERNELS = "flydsl_a8w8_blockscale_bpreshuffle"
+A4W4_KERNELS = "flydsl_a4w4"
+MXFP8_KERNELS = "flydsl_a8w8_mxfp8"
+# The libtype aiter's MXFP8 tuner writes for its own FlyDSL kernels.
+LIBTYPE_AITER_FLYDSL_MXFP8 = "flydsl_mxfp8"
+MXFP8_Q_DTYPE = "mxfp8"
 MMA_KINDS = ("mfma", "wmma")
 _TILE_NUMBER = "[1-9][0-9]*"  # written as the generator writes it: no sign, no leading 0
 
@@ -50,7 +57,7 @@ def _kernel_name(prefix: str) -> Column:
 
 # Names this library's GEMM kernels take; aiter's own FlyDSL names (flydsl_gemm4_..., flydsl_bpreshuflle_...)
 # start otherwise.
-OUR_PREFIXES = ("flydsl_a16w16_", "flydsl_a8w8_")
+OUR_PREFIXES = ("flydsl_a16w16_", "flydsl_a8w8_", "flydsl_a4w4_")
 
 
 def _kernel_names(prefix: str):
@@ -123,6 +130,44 @@ def _a8w8_choice(prefix: str) -> tuple[Column, ...]:
     )
 
 
+# What a caller of the MX GEMMs chooses that their tables do not record: the output dtype, and
+# whether it passes a bias (a kernel of its own).
+MX_CALLER_VARIANTS = {"out_dtype": A8W8_OUT_DTYPES, "bias": ("false", "true")}
+
+
+def _a4w4_backend(cells: Mapping[str, str]) -> str:
+    """The libtype of a row of aiter's a4w4 tables, which have no libtype column: aiter's a4w4
+    tuner writes its CK kernels (a4w4_blockscale_...), its asm kernels, or None where it found
+    no kernel; FlyDSL names start with flydsl."""
+    name = cells.get("kernelName", "").strip()
+    if name.startswith(FLYDSL):
+        return LIBTYPE_FLYDSL
+    return "asm" if name.startswith("_Z") or "asm" in name.split("_")[0] else "ck"
+
+
+A4W4 = TableSpec(
+    name="a4w4_blockscale_tuned_gemm.csv",
+    short_name="gemm_a4w4",
+    aiter_name="a4w4_blockscale_tuned_gemm",
+    aot_module="gemm",
+    env_var="AITER_CONFIG_GEMM_A4W4",
+    columns=(
+        Column("gfx", "str", absent=arch_of_legacy_row),
+        Column("cu_num", "int", minimum=1),
+        *_MNK,
+        Column("libtype", "str", choices=LIBTYPES, absent=_a4w4_backend),
+        Column("kernelId", "int", minimum=-1),  # -1: aiter's tuner found no kernel
+        _SPLIT_K,
+        Column("us", "optional_float"),  # aiter writes nan where it found no kernel
+        _kernel_name(A4W4_KERNELS),
+    ),
+    key=("gfx", "cu_num", "M", "N", "K"),
+    axis=M_AXIS,
+    row_checks=(_kernel_names(A4W4_KERNELS),),
+    backend_of=_backend,
+    open_choices=MX_CALLER_VARIANTS,
+)
+
 A16W16 = TableSpec(
     name="bf16_tuned_gemm.csv",
     short_name="gemm_a16w16",
@@ -193,4 +238,27 @@ A8W8_BLOCKSCALE_BPRESHUFFLE = TableSpec(
     unserved=(_blockscale_shape, _mx_scales),
     backend_of=_backend,
     open_choices={"out_dtype": A8W8_OUT_DTYPES},
+)
+
+MXFP8 = TableSpec(
+    name="a8w8_bpreshuffle_mxfp8_tuned_gemm.csv",
+    short_name="gemm_mxfp8",
+    aiter_name="a8w8_bpreshuffle_mxfp8_tuned_gemm",
+    aot_module="gemm",
+    env_var="AITER_CONFIG_GEMM_MXFP8",
+    columns=(
+        *_SHAPE,
+        *_MNK,
+        Column("q_dtype_w", "str", choices=(MXFP8_Q_DTYPE,)),
+        Column("libtype", "str", choices=(*LIBTYPES, LIBTYPE_AITER_FLYDSL_MXFP8)),
+        Column("kernelId", "int", minimum=0),
+        _SPLIT_K,
+        Column("us", "optional_float", minimum=0),
+        _kernel_name(MXFP8_KERNELS),
+    ),
+    key=("gfx", "cu_num", "M", "N", "K", "q_dtype_w"),
+    axis=M_AXIS,
+    row_checks=(_kernel_names(MXFP8_KERNELS),),
+    backend_of=_backend,
+    open_choices=MX_CALLER_VARIANTS,
 )
