@@ -34,6 +34,9 @@ def test_archs_per_family() -> None:
         "a8w8_bpreshuffle_tuned_gemm.csv": {"gfx942", "gfx950", "gfx1250"},
         "a8w8_blockscale_tuned_gemm.csv": {"gfx942", "gfx950"},
         "a8w8_blockscale_bpreshuffle_tuned_gemm.csv": {"gfx942", "gfx950"},
+        # only gfx950 has the scaled MFMA
+        "a4w4_blockscale_tuned_gemm.csv": {"gfx950"},
+        "a8w8_bpreshuffle_mxfp8_tuned_gemm.csv": {"gfx950"},
     }
 
 
