@@ -64,6 +64,26 @@ def test_a_k_tiles_scales_are_one_aligned_load() -> None:
                 assert bytes_[0] % calls == 0
 
 
+@pytest.mark.parametrize("fmt, kb_per_call, elements_per_byte", [("fp4", 1, 2), ("fp8", 2, 1)])
+def test_each_lanes_run_is_one_mx_block(fmt, kb_per_call, elements_per_byte) -> None:
+    """The MX operand mapping: in every call the four lane groups' runs tile the call's 64 or
+    128 bytes of a row once, and lane group q's run is exactly MX block 4 c + q of the row (its
+    scale's block), for every call c of a k-tile of up to four calls."""
+    chunk_elems = ix.CHUNK_BYTES * elements_per_byte
+    for call in range(4):
+        first_kb = call * kb_per_call
+        covered = []
+        for lane in range(64):
+            chunks = [ix.mx_run_chunk(first_kb, lane, piece, kb_per_call)
+                      for piece in range(kb_per_call)]  # fmt: skip
+            elements = [c * chunk_elems + e for c in chunks for e in range(chunk_elems)]
+            block = 4 * call + lane // 16
+            assert elements == list(range(32 * block, 32 * block + 32)), (fmt, call, lane)
+            if lane % 16 == 0:
+                covered += chunks
+        assert sorted(covered) == list(range(first_kb * 4, (first_kb + kb_per_call) * 4))
+
+
 def test_shuffle_keeps_the_e8m0_dtype_and_refuses_other_input() -> None:
     scales = torch.full((2, 8), 127, dtype=torch.uint8).view(E8M0)
     assert aiter.shuffle_mx_scale(scales).dtype == E8M0
