@@ -295,6 +295,22 @@ def test_dpp_moves_within_rows_of_16(control: str, source: np.ndarray) -> None:
     assert r.waves[0].vgpr[2, :32].tolist() == (source[:32] + 100).tolist()
 
 
+def test_dpp_compare_reads_its_first_source_across_lanes() -> None:
+    """Rule: v_cmp_*_e64_dpp compares src0 of the lane the DPP control names with src1 of its
+    own lane (what a butterfly's tie test compiles to)."""
+
+    def setup(w):
+        w.vgpr[1] = _f32(LANES // 2)  # lanes 2j and 2j + 1 hold j
+        w.vgpr[2] = _f32(LANES)
+
+    ctrl = "quad_perm:[1,0,3,2] row_mask:0xf bank_mask:0xf bound_ctrl:1"
+    r = _gfx1250([f"v_cmp_eq_f32_e64_dpp s4, v1, v1 {ctrl}",
+                  f"v_cmp_gt_f32_e64_dpp s5, v2, v2 {ctrl}"], setup=setup)  # fmt: skip
+    w = r.waves[0]
+    assert int(w.sgpr[4]) == 0xFFFFFFFF  # the partner holds the same j
+    assert int(w.sgpr[5]) == 0x55555555  # lane 2j compares its partner's 2j + 1 > 2j
+
+
 def test_permlanex16_reads_the_other_row() -> None:
     """Rule: lane l reads lane sel(l % 16) of the other 16-lane row, sel from {S2, S1} nibbles."""
 

@@ -18,7 +18,7 @@ from aiter.emulator.ops.registry import OPS, Ctx, Op, op
 from aiter.emulator.ops.scalar import saveexec
 from aiter.emulator.ops.smem import _s_load
 from aiter.emulator.ops.vector import ieee_maximum, ieee_minimum, valu
-from aiter.emulator.state import LANES, MASK32, MASK64, Wave
+from aiter.emulator.state import LANES, MASK32, MASK64, Wave, mask_to_bits
 
 U32, U64 = np.uint32, np.uint64
 # gfx12's cache policy and scope (th:, scope:), the scalar load's nv bit: no effect on a result.
@@ -363,6 +363,31 @@ def _mov_dpp(ctx: Ctx, w: Wave, i: Instruction) -> None:
     out = np.where(valid, data[np.clip(src, 0, LANES - 1)], U32(0))
     write = active & (valid | i.has("bound_ctrl"))
     w.write_vector(i.operands[0], out, write)
+
+
+def _compare_dpp(t: str, fn):
+    """VOPC with DPP16 (v_cmp_*_e64_dpp): src0 is read from the lane the DPP control names; a
+    lane whose source is out of its row or inactive reads 0 with bound_ctrl:1, else is
+    disabled and its result bit is 0 (gfx12 ISA, "DPP")."""
+
+    def run(ctx: Ctx, w: Wave, i: Instruction) -> None:
+        if i.mod_int("row_mask", 0xF) != 0xF or i.mod_int("bank_mask", 0xF) != 0xF:
+            raise ValueError("DPP row_mask / bank_mask other than 0xf is not modelled")
+        active = w.exec_mask()
+        src = _dpp_sources(i, w.size)
+        valid = (src >= 0) & active[np.clip(src, 0, LANES - 1)]
+        a = source(w, i.operands[-2], t)
+        a = np.where(valid, a[np.clip(src, 0, LANES - 1)], a.dtype.type(0))
+        enabled = active & (valid | i.has("bound_ctrl"))
+        with np.errstate(all="ignore"):
+            result = fn(a, source(w, i.operands[-1], t)) & enabled
+        w.write_scalar(i.operands[0], mask_to_bits(result))
+
+    return run
+
+
+for _name, (_t, _fn) in vector.COMPARES.items():
+    op(f"{_name}_e64_dpp", mods=_DPP_MODS)(_compare_dpp(_t, _fn))
 
 
 @op("v_permlanex16_b32", mods=("op_sel",))
