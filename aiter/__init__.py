@@ -23,6 +23,8 @@ _ENTRIES = {
     "mxfp8_quantize": "aiter.ops.gemm.microscale",
     "mx_dequantize": "aiter.ops.gemm.microscale",
     "fused_topk": "aiter.ops.moe.entry",
+    "grouped_topk": "aiter.ops.moe.routing_entry",
+    "biased_grouped_topk": "aiter.ops.moe.routing_entry",
     "moe_sorting": "aiter.ops.moe.entry",
     "fused_moe": "aiter.ops.moe.entry",
     "conv3d": "aiter.ops.conv3d.entry",

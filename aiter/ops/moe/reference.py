@@ -146,3 +146,34 @@ def fused_moe_reference(
             z = z * weights[t, k][:, None]
         out.index_add_(0, t, z)
     return out
+
+
+def grouped_topk(
+    gating: torch.Tensor,
+    bias: torch.Tensor | None,
+    topk: int,
+    groups: int,
+    topk_group: int,
+    scoring: str,
+    renormalize: bool,
+    scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Grouped top-k routing, written plainly after DeepSeek-V3's rule (vLLM's grouped_topk):
+    (float32 weights, int32 ids) [M, topk], picks in descending order of the choice score."""
+    logits = gating.float()
+    scores = torch.softmax(logits, dim=-1) if scoring == "softmax" else logits.sigmoid()
+    choice = scores + bias.float() if bias is not None else scores
+    tokens, experts = choice.shape
+    by_group = choice.view(tokens, groups, experts // groups)
+    if bias is not None:
+        group_scores = by_group.topk(min(2, experts // groups), dim=-1)[0].sum(dim=-1)
+    else:
+        group_scores = by_group.max(dim=-1).values
+    chosen = group_scores.topk(topk_group, dim=-1)[1]
+    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, chosen, True)
+    keep = keep.unsqueeze(-1).expand(tokens, groups, experts // groups).reshape(tokens, experts)
+    ids = choice.masked_fill(~keep, float("-inf")).topk(topk, dim=-1)[1]
+    weights = scores.gather(1, ids)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return (weights * scaling).to(torch.float32), ids.to(torch.int32)
