@@ -311,6 +311,18 @@ def test_dpp_compare_reads_its_first_source_across_lanes() -> None:
     assert int(w.sgpr[5]) == 0x55555555  # lane 2j compares its partner's 2j + 1 > 2j
 
 
+def test_dpp_on_a_vop2_moves_only_its_first_source() -> None:
+    """Rule: v_add_f32_dpp v5, v5, v5 adds the moved v5 to the unmoved v5 (a butterfly step)."""
+
+    def setup(w):
+        w.vgpr[5] = _f32(LANES)
+
+    ctrl = "quad_perm:[1,0,3,2] row_mask:0xf bank_mask:0xf bound_ctrl:1"
+    r = _gfx1250([f"v_add_f32_dpp v5, v5, v5 {ctrl}"], setup=setup)
+    got = r.waves[0].vgpr[5, :32].view(np.float32)
+    assert got.tolist() == (LANES[:32] + (LANES[:32] ^ 1)).astype(np.float32).tolist()
+
+
 def test_permlanex16_reads_the_other_row() -> None:
     """Rule: lane l reads lane sel(l % 16) of the other 16-lane row, sel from {S2, S1} nibbles."""
 

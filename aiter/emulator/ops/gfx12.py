@@ -9,6 +9,8 @@ Sources: the RDNA4 / gfx12 ISA reference and LLVM's AMDGPU documentation for gfx
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from aiter.emulator.decode import Instruction
@@ -401,3 +403,52 @@ def _permlanex16(ctx: Ctx, w: Wave, i: Instruction) -> None:
     src = other_row + nibble
     data = w.read_vector(i.operands[1])[0]
     w.write_vector(i.operands[0], data[src], w.exec_mask())
+
+
+def _with_dpp(base: Op):
+    """A VOP1/VOP2/VOP3 instruction with DPP16: its first source read from the lane the DPP
+    control names. A lane whose source is out of its row or inactive reads 0 with
+    bound_ctrl:1, else is disabled (not written). Run as the base instruction whose src0 names
+    a scratch row holding the moved values (its other sources, the same register included,
+    read unmoved)."""
+
+    def run(ctx: Ctx, w: Wave, i: Instruction) -> None:
+        if i.mod_int("row_mask", 0xF) != 0xF or i.mod_int("bank_mask", 0xF) != 0xF:
+            raise ValueError("DPP row_mask / bank_mask other than 0xf is not modelled")
+        src0 = i.operands[1]
+        if src0.kind != "v" or src0.count != 1 or src0.half:
+            raise ValueError(f"DPP on {src0.text!r} (not one whole VGPR) is not modelled")
+        active = w.exec_mask()
+        src = _dpp_sources(i, w.size)
+        valid = (src >= 0) & active[np.clip(src, 0, LANES - 1)]
+        data = w.read_vector(src0)[0]
+        dst = i.operands[0]
+        scratch = w.vgpr.shape[0] - 1  # a row the instruction itself does not write
+        if dst.kind == "v" and dst.index <= scratch < dst.index + dst.count:
+            scratch = dst.index - 1
+        saved, pending = w.vgpr[scratch].copy(), w.pending_v.pop(scratch, None)
+        w.vgpr[scratch] = np.where(valid, data[np.clip(src, 0, LANES - 1)], U32(0))
+        moved = dataclasses.replace(src0, index=scratch, text=f"v{scratch}")
+        operands = (i.operands[0], moved, *i.operands[2:])
+        exec_bits = w.exec
+        w.exec = mask_to_bits(active & (valid | i.has("bound_ctrl")))
+        try:
+            base.fn(ctx, w, dataclasses.replace(i, operands=operands))
+        finally:
+            w.exec = exec_bits
+            w.vgpr[scratch] = saved
+            if pending is not None:
+                w.pending_v[scratch] = pending
+
+    return run
+
+
+for _name, _base in list(OPS.items()):
+    if not _name.startswith("v_") or _name.endswith("_dpp") or _name.startswith(
+        ("v_cmp", "v_mfma", "v_wmma", "v_dual", "v_mov_b32", "v_permlane", "v_readlane",
+         "v_readfirstlane", "v_writelane")
+    ):  # fmt: skip
+        continue
+    for _suffix in ("_dpp", "_e64_dpp"):
+        if _name + _suffix not in OPS:
+            op(_name + _suffix, mods=tuple(_base.modifiers | set(_DPP_MODS)))(_with_dpp(_base))
