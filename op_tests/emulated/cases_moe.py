@@ -90,3 +90,33 @@ def per_token_fp8(ctx: CaseContext) -> None:
     ref = fused_moe_reference(x, q1, q2, tw, ti, activation="silu", gate_mode="separated",
                               w1_scale=s1, w2_scale=s2, quant=True)  # fmt: skip
     ctx.check("fused_moe per_token fp8", out, ref, 2.0**-6)
+
+
+# --- routing -----------------------------------------------------------------------------------
+
+
+@case("moe")
+def routing_deepseek_v3(ctx: CaseContext) -> None:
+    """DeepSeek-V3/R1: 256 experts in 8 groups, 4 groups kept, top-8, sigmoid plus correction
+    bias, renormalized, scaled by 2.5; bf16 logits; 33 tokens (a partial block of waves)."""
+    from aiter.ops.moe.reach import routing_call
+
+    routing_call(ctx, 33, 256, 8, 4, 8, "sigmoid", True, True, torch.bfloat16, 2.5)
+
+
+@case("moe")
+def routing_kimi_k2(ctx: CaseContext) -> None:
+    """Kimi-K2: 384 experts, one group, top-8, sigmoid plus bias (six experts per lane)."""
+    from aiter.ops.moe.reach import routing_call
+
+    routing_call(ctx, 5, 384, 1, 1, 8, "sigmoid", True, True, scaling=2.827)
+
+
+@case("moe")
+def routing_softmax_topk(ctx: CaseContext) -> None:
+    """Qwen3-MoE's softmax top-8 of 128 experts, not renormalized; and a plain grouped top-4
+    (64 experts, 8 groups by their best score, 3 kept)."""
+    from aiter.ops.moe.reach import routing_call
+
+    routing_call(ctx, 7, 128, 1, 1, 8, "softmax", False, False)
+    routing_call(ctx, 6, 64, 8, 3, 4, "softmax", False, True, torch.float16)

@@ -314,3 +314,46 @@ def sorting(ctx: CaseContext, params: dict[str, str]) -> None:
     }
     for name, (got, want) in pairs.items():
         ctx.check(f"{what}: {name}", got, want, EXACT)
+
+
+# --- routing ---------------------------------------------------------------------------------
+
+
+def routing_call(ctx: CaseContext, tokens: int, experts: int, groups: int, topk_group: int,
+                 topk: int, scoring: str, biased: bool, renormalize: bool,
+                 dtype=torch.float32, scaling: float = 1.0) -> None:  # fmt: skip
+    """grouped_topk / biased_grouped_topk over logits spaced 0.05 apart (a permutation per
+    token: no ties, and choices a few ulps cannot flip), checked against
+    aiter.ops.moe.reference.grouped_topk: the ids exactly, the weights to float32 roundoff."""
+    import aiter
+    from aiter.ops.moe import reference
+
+    gen = ctx.gen
+    logits = torch.stack(
+        [torch.randperm(experts, generator=gen).float() * 0.05 - experts * 0.025
+         for _ in range(tokens)]
+    ).to(dtype)  # fmt: skip
+    bias = torch.randperm(experts, generator=gen).float() * 0.01 if biased else None
+    weights = torch.empty(tokens, topk)
+    ids = torch.empty(tokens, topk, dtype=torch.int32)
+    if biased:
+        aiter.biased_grouped_topk(logits, bias, weights, ids, groups, topk_group, renormalize,
+                                  scaling)  # fmt: skip
+    else:
+        aiter.grouped_topk(logits, weights, ids, groups, topk_group, renormalize,
+                           scoring == "softmax", scaling)  # fmt: skip
+    ref_w, ref_ids = reference.grouped_topk(logits, bias, topk, groups, topk_group, scoring,
+                                            renormalize, scaling)  # fmt: skip
+    what = f"routing E={experts} G={groups}/{topk_group} top{topk} {scoring}"
+    ctx.check(f"{what} ids", ids.float(), ref_ids.float(), EXACT)
+    ctx.check(f"{what} weights", weights, ref_w, 4 * ROUNDOFF[torch.float32])
+
+
+@reaches("moe_grouped_topk")
+def grouped_topk_listed(ctx: CaseContext, params: dict[str, str]) -> None:
+    """The listed routing kernel's own configuration, at 9 tokens (a partial block)."""
+    dtype = getattr(torch, params["gating"])
+    routing_call(ctx, 9, int(params["experts"]), int(params["groups"]),
+                 int(params["topk_group"]), int(params["topk"]), params["scoring"],
+                 as_bool(params["biased"]), as_bool(params["renormalize"]), dtype,
+                 scaling=2.5)  # fmt: skip
