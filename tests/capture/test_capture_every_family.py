@@ -28,11 +28,12 @@ SERVER = textwrap.dedent("""
     POINTS = {
         "gemm": lambda row: {"M": 300},
         "moe": lambda row: {"tokens": 300},
+        "moe_routing": lambda row: {"tokens": 300},
         "conv3d": lambda row: {"frames": row.int("D")},
         "fmha_fp8": lambda row: {"batch": 2, "seqlen_q": 1, "seqlen_k": 300},
         "chunk_gdn_h": lambda row: {"seqs": 2, "tokens": 300},
     }
-    RANKS = [("gemm", "moe", "conv3d"), ("fmha_fp8", "chunk_gdn_h")]
+    RANKS = [("gemm", "moe", "conv3d"), ("fmha_fp8", "chunk_gdn_h", "moe_routing")]
     rank, mode = int(sys.argv[1]), sys.argv[2]
     with dry_run("gfx942", 304, mode):
         for name in RANKS[rank]:
@@ -81,7 +82,7 @@ def test_a_capture_of_every_family_builds_a_cache_that_serves_it(tmp_path) -> No
 
     build = run_aot("aiter.aot.flydsl", "--capture", str(path), "--cache-dir", str(cache))
     assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
-    assert f"--capture: {len(lines)} distinct calls of 5 module(s)" in build.stderr
+    assert f"--capture: {len(lines)} distinct calls of 6 module(s)" in build.stderr
     check = run_aot(
         "aiter.aot.flydsl", "--check", "--capture", str(path), "--cache-dir", str(cache)
     )

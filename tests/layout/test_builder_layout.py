@@ -24,6 +24,7 @@ TOP = {
     "cache_wheels",
     "gemm",
     "moe",
+    "moe_routing",
     "conv3d",
     "fmha_fp8",
     "chunk_gdn_h",

@@ -26,6 +26,7 @@ from aiter.ops.fmha_fp8.table import FMHA_FP8
 from aiter.ops.gemm.table import (
     A16W16,
 )
+from aiter.ops.moe.routing_table import MOE_ROUTING
 from aiter.ops.moe.table import FMOE
 from tests.aot_cli import REPO, other_tables
 
@@ -41,7 +42,7 @@ def wheel(tmp_path_factory):
     work = tmp_path_factory.mktemp("wheel")
     tables = work / "tables"
     tables.mkdir()
-    for spec in (*other_tables(A16W16), FMOE, CONV3D, FMHA_FP8, CHUNK_GDN_H):
+    for spec in (*other_tables(A16W16), FMOE, MOE_ROUTING, CONV3D, FMHA_FP8, CHUNK_GDN_H):
         (tables / spec.name).write_text(",".join(spec.header) + "\n")
     (tables / A16W16.name).write_text(",".join(A16W16.header) + f"\n{ROW}\n")
     env = {**os.environ, "AITER_AOT": "1", "GPU_ARCHS": "gfx942", "AITER_CONFIG_DIR": str(tables)}

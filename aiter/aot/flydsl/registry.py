@@ -15,6 +15,7 @@ from aiter.aot.flydsl.jobs.family import Family, module_file
 MODULES: dict[str, str] = {
     "gemm": "aiter.aot.flydsl.gemm",
     "moe": "aiter.aot.flydsl.moe",
+    "moe_routing": "aiter.aot.flydsl.moe_routing",
     "conv3d": "aiter.aot.flydsl.conv3d",
     "fmha_fp8": "aiter.aot.flydsl.fmha_fp8",
     "chunk_gdn_h": "aiter.aot.flydsl.chunk_gdn_h",

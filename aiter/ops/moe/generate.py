@@ -109,7 +109,56 @@ def render(scale: int = 1) -> str:
     return frame.to_csv(index=False, lineterminator="\n")
 
 
+@dataclass(frozen=True)
+class Routing:
+    """How one model routes its tokens to experts."""
+
+    model: str
+    experts: int
+    topk: int
+    groups: int = 1
+    topk_group: int = 1
+    scoring: str = "softmax"
+    correction_bias: bool = False
+
+
+ROUTINGS = (
+    # DeepSeek-V3/R1: sigmoid scores plus the correction bias, 8 groups, 4 kept.
+    Routing("DeepSeek-V3/R1", 256, 8, 8, 4, "sigmoid", True),
+    Routing("Kimi-K2", 384, 8, 1, 1, "sigmoid", True),
+    Routing("Qwen3-30B-A3B / Qwen3-235B-A22B", 128, 8),
+    Routing("gpt-oss-120b", 128, 4),
+)
+ROUTING_MAX_TOKENS = 32768
+
+
+def routing_rows() -> list[dict[str, str]]:
+    """Every routing configuration on every arch, up to ROUTING_MAX_TOKENS tokens per call."""
+    from aiter.ops.moe.routing_table import MOE_ROUTING
+
+    out = []
+    for arch in ARCHS.values():
+        for r in ROUTINGS:
+            out.append(
+                {"gfx": arch.name, "cu_num": str(arch.default_cu_num),
+                 "num_experts": str(r.experts), "topk": str(r.topk),
+                 "num_expert_group": str(r.groups), "topk_group": str(r.topk_group),
+                 "scoring": r.scoring, "correction_bias": str(int(r.correction_bias)),
+                 "max_tokens": str(ROUTING_MAX_TOKENS), "model": r.model}  # fmt: skip
+            )
+    assert all(set(row) == set(MOE_ROUTING.header) for row in out)
+    return out
+
+
 def write(out_dir: Path, scale: int = 1) -> None:
+    import pandas as pd
+
+    from aiter.ops.moe.routing_table import MOE_ROUTING
+
     path = Path(out_dir) / FMOE.name
     path.write_text(render(scale))
     print(f"wrote {len(rows(scale))} rows to {path}")
+    routing = pd.DataFrame(routing_rows(), columns=list(MOE_ROUTING.header), dtype=str)
+    path = Path(out_dir) / MOE_ROUTING.name
+    path.write_text(routing.to_csv(index=False, lineterminator="\n"))
+    print(f"wrote {len(routing)} rows to {path}")
