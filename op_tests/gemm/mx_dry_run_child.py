@@ -67,6 +67,9 @@ gfx950,256,16,768,7168,mxfp8,flydsl_mxfp8,268,1,23.0185,flydsl_bpreshuflle_32x12
 """
 
 
+TORCH_A4W4 = ",".join(A4W4.header) + "\ngfx950,256,16,64,224,torch,0,0,,\n"
+
+
 def with_table(spec, path: Path, text: str, *args, **kwargs) -> dict:
     path.write_text(text)
     os.environ[spec.env_var] = str(path)
@@ -90,6 +93,8 @@ def main(table_dir: Path) -> dict:
         "fp32_out": call("fp4", 4, 64, 256, out_dtype=torch.float32),
         "bias_dtype": call("fp8", 4, 64, 256, bias_dtype=fp16),
         "aiter_a4w4": with_table(A4W4, table_dir / "a4w4.csv", AITER_A4W4, "fp4", 16, 576, 7168),
+        # torch serves inside the dry run too: the dequantized product on FakeTensors
+        "torch_row": with_table(A4W4, table_dir / "torch.csv", TORCH_A4W4, "fp4", 9, 64, 224),
         "aiter_mxfp8": with_table(
             MXFP8, table_dir / "mxfp8.csv", AITER_MXFP8, "fp8", 16, 768, 7168
         ),

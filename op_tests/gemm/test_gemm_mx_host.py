@@ -229,6 +229,13 @@ def test_aiters_a4w4_table_loads_and_its_rows_are_served_here(gfx950) -> None:
     assert "aiter's ck kernel" in record["params"]["served_as"]
 
 
+def test_a_torch_row_is_served_by_torch_inside_a_dry_run(gfx950) -> None:
+    got = gfx950["torch_row"]
+    assert got["out"] == [[9, 64], "torch.bfloat16"] and got["requests"] == []
+    (record,) = got["records"]
+    assert record["backend"] == "torch" and record["row"].endswith("torch.csv:2")
+
+
 def test_aiters_mxfp8_flydsl_row_carries_its_tile(gfx950) -> None:
     (record,) = gfx950["aiter_mxfp8"]["records"]
     assert record["kernel"] == "flydsl_a8w8_mxfp8_mfma_32x128x256"

@@ -27,7 +27,8 @@ E8M0_NAN = 0xFF
 # Exponent of the largest normal of each element format.
 EMAX = {"fp4": 2, "fp8": 8}
 # E2M1 magnitudes by code (bit 3 is the sign): 0, 0.5, 1, 1.5, 2, 3, 4, 6.
-E2M1_VALUES = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+E2M1_VALUES = torch.tensor(E2M1_MAGNITUDES)
 FP4_MAX, FP8_MAX = 6.0, 448.0
 
 
@@ -70,16 +71,19 @@ def scale_values(codes: torch.Tensor) -> torch.Tensor:
 def _scaled(blocks: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
     """V / X per block: exact, X being a power of two."""
     shift = codes.to(torch.int32) - E8M0_BIAS
-    return torch.ldexp(blocks, -shift[..., None].expand_as(blocks))
+    return torch.ldexp(blocks, -shift.unsqueeze(-1).expand_as(blocks))
 
 
 def e2m1_codes(values: torch.Tensor) -> torch.Tensor:
     """4-bit E2M1 codes (uint8) of float values: nearest magnitude, ties to the even code,
     saturated at 6; the sign in bit 3 (negative zero keeps it)."""
     magnitude = values.abs().clamp(max=FP4_MAX)
-    distance = (magnitude[..., None] - E2M1_VALUES).abs()
+    # Tables made on the input's device (in a dry run, fake tensors); no ellipsis indexing here:
+    # a dry run refuses it.
+    table = torch.tensor(E2M1_MAGNITUDES, device=values.device)
+    distance = (magnitude.unsqueeze(-1) - table).abs()
     nearest = distance == distance.amin(dim=-1, keepdim=True)
-    even = (torch.arange(8) % 2 == 0).to(torch.int32)
+    even = (torch.arange(8, device=values.device) % 2 == 0).to(torch.int32)
     code = (nearest.to(torch.int32) * (1 + even)).argmax(dim=-1)  # a tie picks the even code
     return (code | torch.signbit(values).to(torch.int64) << 3).to(torch.uint8)
 
@@ -93,7 +97,8 @@ def mxfp4_quantize(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     codes = shared_scale_codes(blocks, "fp4")
     scaled = torch.nan_to_num(_scaled(blocks, codes), nan=0.0, posinf=0.0, neginf=0.0)
     elements = e2m1_codes(scaled).reshape(*x.shape[:-1], x.shape[-1])
-    packed = elements[..., 0::2] | elements[..., 1::2] << 4
+    pairs = elements.reshape(*elements.shape[:-1], -1, 2)
+    packed = pairs.select(-1, 0) | pairs.select(-1, 1) << 4
     return packed.view(torch.float4_e2m1fn_x2), codes.view(torch.float8_e8m0fnu)
 
 
@@ -113,7 +118,10 @@ def e2m1_values(packed: torch.Tensor) -> torch.Tensor:
     """float32 [..., 2 * n] of packed E2M1 [..., n] (uint8 or float4_e2m1fn_x2)."""
     raw = packed.view(torch.uint8)
     codes = torch.stack([raw & 0xF, raw >> 4], dim=-1).reshape(*raw.shape[:-1], -1)
-    magnitude = E2M1_VALUES[(codes & 7).long()]
+    # Code e m (2 exponent bits, 1 mantissa bit): 0.5 m when e = 0, else 2^(e-1) (1 + m / 2).
+    exponent, mantissa = ((codes >> 1) & 3).to(torch.int32), (codes & 1).to(torch.float32)
+    normal = torch.ldexp(1.0 + 0.5 * mantissa, exponent - 1)
+    magnitude = torch.where(exponent == 0, 0.5 * mantissa, normal)
     return torch.where(codes >= 8, -magnitude, magnitude)
 
 
@@ -125,4 +133,4 @@ def mx_dequantize(elements: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     else:
         values = elements.float()
     blocks = values.reshape(*values.shape[:-1], values.shape[-1] // BLOCK, BLOCK)
-    return (blocks * scale_values(scales)[..., None]).reshape(values.shape)
+    return (blocks * scale_values(scales).unsqueeze(-1)).reshape(values.shape)
