@@ -163,7 +163,7 @@ def blockscale_scale_shapes(m: int, n: int, k: int) -> tuple[tuple[int, int], tu
     return (m, k // block), (n // block, k // block)
 
 
-def _check_tensor(name: str, t: object, dtypes: tuple, shape: tuple[int, ...]) -> torch.Tensor:
+def check_operand(name: str, t: object, dtypes: tuple, shape: tuple[int, ...]) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in dtypes:
@@ -198,8 +198,8 @@ def _validate(XQ, WQ, out_dtype, allow_int8: bool) -> tuple[int, int, int]:
         raise TypeError(
             f"XQ must have dtype in {dtypes} on {device.arch()} (its fp8 flavour), got {XQ.dtype}"
         )
-    _check_tensor("XQ", XQ, dtypes, (m, k))
-    _check_tensor("WQ", WQ, (XQ.dtype,), (n, k))
+    check_operand("XQ", XQ, dtypes, (m, k))
+    check_operand("WQ", WQ, (XQ.dtype,), (n, k))
     if out_dtype not in OUT_DTYPES:
         raise TypeError(f"out_dtype must be one of {OUT_DTYPES}, got {out_dtype}")
     return m, n, k
@@ -266,8 +266,8 @@ def gemm_a8w8_bpreshuffle(
     """
     m, n, k = _validate(XQ, WQ, out_dtype, allow_int8=True)
     x_shape, w_shape = bpreshuffle_scale_shapes(m, n)
-    _check_tensor("x_scale", x_scale, (SCALE_DTYPE,), x_shape)
-    _check_tensor("w_scale", w_scale, (SCALE_DTYPE,), w_shape)
+    check_operand("x_scale", x_scale, (SCALE_DTYPE,), x_shape)
+    check_operand("w_scale", w_scale, (SCALE_DTYPE,), w_shape)
     layout_n, layout_k = BPRESHUFFLE_LAYOUT
     if n % layout_n or k % layout_k:  # every backend reads the layout: torch unshuffles it
         raise ValueError(
@@ -303,8 +303,8 @@ def gemm_a8w8_blockscale(
     """
     m, n, k = _validate_blockscale("gemm_a8w8_blockscale", XQ, WQ, out_dtype)
     x_shape, w_shape = blockscale_scale_shapes(m, n, k)
-    _check_tensor("x_scale", x_scale, (SCALE_DTYPE,), x_shape)
-    _check_tensor("w_scale", w_scale, (SCALE_DTYPE,), w_shape)
+    check_operand("x_scale", x_scale, (SCALE_DTYPE,), x_shape)
+    check_operand("w_scale", w_scale, (SCALE_DTYPE,), w_shape)
     key = {"N": n, "K": k}
     served = plan("gemm_a8w8_blockscale", A8W8_BLOCKSCALE, gemm_plan.BLOCKSCALE, key, m, n, k)
     args = _args(XQ, WQ, x_scale, w_scale, out_dtype, "row-major")
@@ -335,7 +335,7 @@ def gemm_a8w8_blockscale_bpreshuffle(
     m, n, k = _validate_blockscale(op, XQ, WQ, out_dtype)
     x_shape, w_shape = blockscale_scale_shapes(m, n, k)
     x_by_block = _block_major_x_scale(x_scale, x_shape)
-    _check_tensor("w_scale", w_scale, (SCALE_DTYPE,), w_shape)
+    check_operand("w_scale", w_scale, (SCALE_DTYPE,), w_shape)
     key = {"N": n, "K": k}
     family = gemm_plan.BLOCKSCALE_BPRESHUFFLE
     served = plan(op, A8W8_BLOCKSCALE_BPRESHUFFLE, family, key, m, n, k)

@@ -16,6 +16,7 @@ import torch
 from aiter import capture, device, dispatch
 from aiter.ops.gemm import microscale
 from aiter.ops.gemm import plan as gemm_plan
+from aiter.ops.gemm.entry import check_operand
 from aiter.ops.gemm.kernels.mx import (
     ELEMENT_DTYPES,
     MX_K_MULTIPLE,
@@ -40,19 +41,6 @@ _OP = {"fp4": "gemm_a4w4", "fp8": "gemm_mxfp8"}
 _ELEMENTS_PER_BYTE = {"fp4": 2, "fp8": 1}
 
 
-def _check_tensor(name: str, t: object, dtypes: tuple, shape: tuple[int, ...]) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        raise TypeError(f"{name} must have dtype in {dtypes}, got {t.dtype}")
-    if tuple(t.shape) != shape:
-        raise ValueError(f"{name} must have shape {list(shape)}, got {list(t.shape)}")
-    if not device.on_gpu(t):
-        raise ValueError(f"{name} must be on a GPU device, got {t.device}")
-    if not t.is_contiguous():
-        raise ValueError(f"{name} must be contiguous, got strides {t.stride()}")
-
-
 def _validate(fmt: str, A, B, A_scale, B_scale, bias, out_dtype) -> tuple[int, int, int]:
     """(M, N, K) of a valid call; an error naming the argument otherwise."""
     op = _OP[fmt]
@@ -69,19 +57,19 @@ def _validate(fmt: str, A, B, A_scale, B_scale, bias, out_dtype) -> tuple[int, i
     n = B.shape[0]
     if m < 1:
         raise ValueError(f"A must have at least one row, got shape {list(A.shape)}")
-    _check_tensor("A", A, ELEMENT_DTYPES[fmt], (m, k // per_byte))
-    _check_tensor("B", B, ELEMENT_DTYPES[fmt], (n, k // per_byte))
+    check_operand("A", A, ELEMENT_DTYPES[fmt], (m, k // per_byte))
+    check_operand("B", B, ELEMENT_DTYPES[fmt], (n, k // per_byte))
     multiple = MX_K_MULTIPLE[fmt]
     if k < multiple or k % multiple:
         raise ValueError(f"{op}: K must be a positive multiple of the MX block {multiple}, got {k}")
     if n % MX_N_MULTIPLE:  # the preshuffled weight's 16-row groups, whatever serves the call
         raise ValueError(f"{op}: B is preshuffled in 16-row groups: N % 16 == 0, got N={n}")
-    _check_tensor("A_scale", A_scale, SCALE_DTYPES, mx_scale_shape(m, k))
-    _check_tensor("B_scale", B_scale, SCALE_DTYPES, mx_scale_shape(n, k))
+    check_operand("A_scale", A_scale, SCALE_DTYPES, mx_scale_shape(m, k))
+    check_operand("B_scale", B_scale, SCALE_DTYPES, mx_scale_shape(n, k))
     if out_dtype not in OUTPUT_DTYPES:
         raise TypeError(f"out_dtype must be one of {OUTPUT_DTYPES}, got {out_dtype}")
     if bias is not None:
-        _check_tensor("bias", bias, (out_dtype,), (n,))
+        check_operand("bias", bias, (out_dtype,), (n,))
     return m, n, k
 
 

@@ -609,30 +609,37 @@ def _check_common(
             f"xq: K = {k} is too large for 32-bit buffer offsets within a {tile.tile_m}x"
             f"{tile.tile_n} tile (tile rows x K bytes must stay below {mx.OFFSET_LIMIT})"
         )
-    if split_k > 1:
-        if workspace is None or workspace.dtype != torch.float32:
-            raise ValueError(
-                f"workspace: expected a float32 [split_k, M, N] tensor when split_k > 1, got "
-                f"{None if workspace is None else workspace.dtype}"
-            )
-        if tuple(workspace.shape) != (split_k, m, n):
-            raise ValueError(
-                f"workspace: expected shape [{split_k}, {m}, {n}], got {list(workspace.shape)}"
-            )
-        if semaphore is None or semaphore.dtype not in SEMAPHORE_DTYPES:
-            raise ValueError(
-                f"semaphore: expected an int64 or int32 tensor when split_k > 1, got "
-                f"{None if semaphore is None else semaphore.dtype}"
-            )
-        if not (workspace.is_contiguous() and semaphore.is_contiguous()):
-            raise ValueError("workspace, semaphore: expected contiguous tensors")
-        slots = semaphore_size(m, n, tile)
-        if semaphore.dim() != 1 or int(semaphore.shape[0]) < slots:
-            raise ValueError(
-                f"semaphore: expected a 1-D tensor of at least {slots} entries "
-                f"(semaphore_size), got shape {list(semaphore.shape)}"
-            )
+    check_split_buffers(split_k, workspace, semaphore, m, n, tile)
     return m, n, k
+
+
+def check_split_buffers(split_k: int, workspace, semaphore, m: int, n: int, tile) -> None:
+    """With split_k > 1: workspace float32 [split_k, M, N] and a 1-D semaphore of at least
+    semaphore_size(M, N, tile) entries (SEMAPHORE_DTYPES), both contiguous."""
+    if split_k == 1:
+        return
+    if workspace is None or workspace.dtype != torch.float32:
+        raise ValueError(
+            f"workspace: expected a float32 [split_k, M, N] tensor when split_k > 1, got "
+            f"{None if workspace is None else workspace.dtype}"
+        )
+    if tuple(workspace.shape) != (split_k, m, n):
+        raise ValueError(
+            f"workspace: expected shape [{split_k}, {m}, {n}], got {list(workspace.shape)}"
+        )
+    if semaphore is None or semaphore.dtype not in SEMAPHORE_DTYPES:
+        raise ValueError(
+            f"semaphore: expected an int64 or int32 tensor when split_k > 1, got "
+            f"{None if semaphore is None else semaphore.dtype}"
+        )
+    if not (workspace.is_contiguous() and semaphore.is_contiguous()):
+        raise ValueError("workspace, semaphore: expected contiguous tensors")
+    slots = semaphore_size(m, n, tile)
+    if semaphore.dim() != 1 or int(semaphore.shape[0]) < slots:
+        raise ValueError(
+            f"semaphore: expected a 1-D tensor of at least {slots} entries "
+            f"(semaphore_size), got shape {list(semaphore.shape)}"
+        )
 
 
 def _check_scale(name: str, scale: torch.Tensor, shape: tuple[int, int]) -> None:

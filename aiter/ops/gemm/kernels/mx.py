@@ -19,9 +19,8 @@ import torch
 from aiter.ops.gemm.kernels.a8w8 import (
     MAX_A_STAGE_BYTES,
     MX_ELEMENTS_PER_BYTE,
-    SEMAPHORE_DTYPES,
+    check_split_buffers,
     launch_kernel,
-    semaphore_size,
 )
 from aiter.ops.shared import SOURCES_DIGEST as SHARED_HELPERS
 from aiter.ops.shared import mainloop_index as mx
@@ -259,7 +258,7 @@ def launch_gemm_mx(
         bias.dtype != out.dtype or tuple(bias.shape) != (n,) or not bias.is_contiguous()
     ):
         raise ValueError(f"bias: expected a contiguous [{n}] tensor of {out.dtype}")
-    _check_split(split_k, workspace, semaphore, m, n, tile)
+    check_split_buffers(split_k, workspace, semaphore, m, n, tile)
     # The kernel reads bytes; a tensor the kernel never touches stands in for an absent one.
     a, b, a_scale, b_scale = (t.view(torch.uint8) for t in (a, b, a_scale, b_scale))
     ws_arg = workspace if split_k > 1 else a_scale
@@ -271,26 +270,3 @@ def launch_gemm_mx(
         tile_m=tile.tile_m, tile_n=tile.tile_n, tile_k_bytes=k_tile_bytes(tile, fmt),
         split_k=split_k, has_bias=bias is not None, mma=mma, stream=to_stream(stream),
     )  # fmt: skip
-
-
-def _check_split(split_k, workspace, semaphore, m, n, tile) -> None:
-    if split_k == 1:
-        return
-    if (
-        workspace is None
-        or workspace.dtype != torch.float32
-        or tuple(workspace.shape)
-        != (
-            split_k,
-            m,
-            n,
-        )
-    ):
-        raise ValueError(f"workspace: expected a float32 [{split_k}, {m}, {n}] tensor")
-    slots = semaphore_size(m, n, tile)
-    if semaphore is None or semaphore.dtype not in SEMAPHORE_DTYPES or semaphore.dim() != 1:
-        raise ValueError("semaphore: expected a 1-D int64 or int32 tensor when split_k > 1")
-    if int(semaphore.shape[0]) < slots:
-        raise ValueError(f"semaphore: expected at least {slots} entries (semaphore_size)")
-    if not (workspace.is_contiguous() and semaphore.is_contiguous()):
-        raise ValueError("workspace, semaphore: expected contiguous tensors")
