@@ -17,6 +17,7 @@ from aiter import capture, device, dispatch
 from aiter.ops.gemm import microscale
 from aiter.ops.gemm import plan as gemm_plan
 from aiter.ops.gemm.entry import check_operand
+from aiter.ops.gemm.kernels.a8w8 import semaphore_size
 from aiter.ops.gemm.kernels.mx import (
     ELEMENT_DTYPES,
     MX_K_MULTIPLE,
@@ -27,7 +28,6 @@ from aiter.ops.gemm.kernels.mx import (
     arch_problem,
     launch_gemm_mx,
     mx_scale_shape,
-    semaphore_size,
     shuffle_mx_scale,
     unshuffle_mx_scale,
 )
