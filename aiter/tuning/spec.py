@@ -70,6 +70,9 @@ class TableSpec:
     # For a table of shapes the runtime never looks up: whether a row covers the call whose
     # covering row's cells (a dispatch record's table_row) are given.
     covers: Callable[[Row, Mapping[str, str]], bool] | None = None
+    # Whether the AOT builder may assign a bare `--csv PATH` to this table by its columns; False
+    # for a table whose columns repeat another's (it then takes a file by its aiter name only).
+    assign_by_columns: bool = True
 
     def __post_init__(self) -> None:
         _SPECS[self.short_name] = self

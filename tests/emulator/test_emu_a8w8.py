@@ -56,8 +56,10 @@ def test_a8w8_code_objects_match_torch(a8w8_codes, index: int) -> None:
            if split_k > 1 else xs)  # fmt: skip
     placed: dict[int, list] = {}  # with split_k 1, workspace and semaphore are x_scale
     values = []
+    # The kernel's bias (MX mode) is never read here: x_scale stands in, as the launchers do.
     for name, t in (("xq", x), ("wq", wq.contiguous()), ("x_scale", xs), ("w_scale", ws),
-                    ("out", out), ("workspace", work), ("semaphore", sem)):  # fmt: skip
+                    ("bias", xs), ("out", out), ("workspace", work),
+                    ("semaphore", sem)):  # fmt: skip
         if id(t) not in placed:
             placed[id(t)] = tensor_args(memory, t, name)
         values += placed[id(t)]

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from aiter.aot.flydsl import gemm
 from aiter.aot.flydsl.jobs.records import ArchReport, JobResult, KernelRef
 from aiter.flydsl_bridge import manifest
 from aiter.ops.gemm.table import (
@@ -423,10 +424,7 @@ def test_bare_csv_of_blockscale_columns_goes_to_the_table_its_name_holds(
     assert f"--csv: {path} extend {expected.name}" in proc.stderr
 
 
-CHOICES = [
-    f"{s.short_name} ({s.name})"
-    for s in (A16W16, A8W8_BPRESHUFFLE, A8W8_BLOCKSCALE, A8W8_BLOCKSCALE_BPRESHUFFLE)
-]
+CHOICES = [f"{s.short_name} ({s.name})" for s in gemm.FAMILY.tables]
 
 
 @pytest.mark.parametrize(

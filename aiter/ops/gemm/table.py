@@ -261,4 +261,6 @@ MXFP8 = TableSpec(
     row_checks=(_kernel_names(MXFP8_KERNELS),),
     backend_of=_backend,
     open_choices=MX_CALLER_VARIANTS,
+    # Its columns are bpreshuffle's: a bare --csv file is taken by its aiter name only.
+    assign_by_columns=False,
 )

@@ -145,7 +145,7 @@ def _fitting_spec(specs: Sequence[TableSpec], path: str, header: set[str]) -> Ta
         raise UsageError(f"--csv {path}: not served by this library: {unserved}")
     if by_name:
         return max(by_name, key=lambda s: len(s.aiter_name))
-    fits = [s for s in specs if set(s.required_columns) <= header]
+    fits = [s for s in specs if s.assign_by_columns and set(s.required_columns) <= header]
     # Of tables whose columns the file has, the one needing the most (a8w8 bpreshuffle's
     # q_dtype_w over blockscale's), when its columns hold every other's.
     fits = [
